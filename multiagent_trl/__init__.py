@@ -1,0 +1,18 @@
+"""multiagent_trl: train N cooperating language-model agents with GRPO on one joint reward (MAGRPO), on TRL."""
+
+from .config import MAGRPOConfig, MultiAgentGRPOConfig
+from .rewards import RewardProcessor, RewardProcessors
+from .team import AgentTeam
+from .trainer import MAGRPOTrainer, MultiAgentGRPOTrainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentTeam",
+    "MAGRPOConfig",
+    "MAGRPOTrainer",
+    "MultiAgentGRPOConfig",
+    "MultiAgentGRPOTrainer",
+    "RewardProcessor",
+    "RewardProcessors",
+]

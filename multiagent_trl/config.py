@@ -1,0 +1,232 @@
+"""Configuration classes: `MultiAgentGRPOConfig` (a `GRPOConfig`) and `MAGRPOConfig` (CoMLRL field names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers.utils import is_torch_bf16_gpu_available
+from trl import GRPOConfig
+
+JOINT_MODES = ("aligned", "cross")
+GENERATION_MODES = ("batched", "per_agent")
+
+
+@dataclass
+class MultiAgentGRPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`MultiAgentGRPOTrainer`]: every [`~trl.GRPOConfig`] field, applied to each agent, plus the
+    fields below.
+
+    Parameters:
+        num_agents (`int` or `None`, *optional*, defaults to `None`):
+            Number of agents. `None` infers it from the models passed to the trainer (the length of the list, or 1 for
+            a single model). With one model id or path and `num_agents=N`, the trainer loads N independent copies.
+        joint_mode (`str`, *optional*, defaults to `"aligned"`):
+            How joint samples are formed from the `num_generations` (G) completions of each agent. Allowed values:
+
+            - `"aligned"`: joint sample j is (agent 0's j-th, ..., agent N-1's j-th) completion; one reward each; every
+              agent's j-th completion gets the group-normalized advantage of that reward.
+            - `"cross"`: all G^N tuples are scored; agent i's completion k is credited with the mean reward of the
+              tuples that contain it, and advantages are normalized per agent per group. Costs G^N reward calls
+              per prompt.
+        agent_learning_rates (`list[float]` or `None`, *optional*, defaults to `None`):
+            One learning rate per agent (its own AdamW parameter group, following the same schedule). `None` uses
+            `learning_rate` for every agent.
+        generation_mode (`str`, *optional*, defaults to `"batched"`):
+            With one LoRA adapter per agent on a shared base, `"batched"` generates for all agents in one `generate`
+            call (PEFT mixed-adapter batch); `"per_agent"` makes one call per agent. Separate models always generate
+            one agent at a time.
+        save_merged_models (`bool`, *optional*, defaults to `False`):
+            With LoRA adapters, `save_model` also writes `agent_{i}/merged/`, a full model with the adapter merged in.
+
+    > [!NOTE]
+    > Defaults that differ from [`~trl.GRPOConfig`]:
+    > - `bf16`: `None` (unset) resolves to `True` only where a bf16-capable GPU is present, so the same script runs
+    >   on a CPU-only machine without turning it off by hand. An explicit `bf16=True` is kept.
+    """
+
+    num_agents: int | None = field(
+        default=None,
+        metadata={
+            "help": "Number of agents. None infers it from the models given to the trainer; with one model id or "
+            "path, the trainer loads num_agents independent copies."
+        },
+    )
+    joint_mode: str = field(
+        default="aligned",
+        metadata={
+            "help": "How joint samples are formed: 'aligned' (the j-th completions of all agents form one joint "
+            "sample) or 'cross' (all num_generations**num_agents tuples are scored; each completion is credited "
+            "with the mean reward of the tuples that contain it).",
+            "choices": list(JOINT_MODES),
+        },
+    )
+    agent_learning_rates: list[float] | None = field(
+        default=None,
+        metadata={"help": "One learning rate per agent. None uses `learning_rate` for every agent."},
+    )
+    generation_mode: str = field(
+        default="batched",
+        metadata={
+            "help": "LoRA teams only: 'batched' generates for all agents in one generate call (mixed-adapter "
+            "batch); 'per_agent' makes one call per agent.",
+            "choices": list(GENERATION_MODES),
+        },
+    )
+    save_merged_models: bool = field(
+        default=False,
+        metadata={"help": "LoRA teams only: also save each agent's adapter merged into the base, in agent_i/merged/."},
+    )
+
+    def __post_init__(self):
+        # TRL resolves an unset bf16 to True, which fails on a machine without a bf16-capable accelerator. Resolve it
+        # from the hardware instead; an explicit choice is left to TRL and transformers to validate.
+        if self.bf16 is None and not self.fp16:
+            self.bf16 = is_torch_bf16_gpu_available()
+        super().__post_init__()
+
+        if self.joint_mode not in JOINT_MODES:
+            raise ValueError(f"`joint_mode` must be one of {JOINT_MODES}, got {self.joint_mode!r}.")
+        if self.generation_mode not in GENERATION_MODES:
+            raise ValueError(f"`generation_mode` must be one of {GENERATION_MODES}, got {self.generation_mode!r}.")
+        if self.num_agents is not None and self.num_agents < 1:
+            raise ValueError(f"`num_agents` must be at least 1, got {self.num_agents}.")
+        if self.agent_learning_rates is not None:
+            if self.num_agents is not None and len(self.agent_learning_rates) != self.num_agents:
+                raise ValueError(
+                    f"`agent_learning_rates` has {len(self.agent_learning_rates)} values but `num_agents` is "
+                    f"{self.num_agents}: give one learning rate per agent, or set `learning_rate` for all."
+                )
+            if any(lr < 0 for lr in self.agent_learning_rates):
+                raise ValueError(f"`agent_learning_rates` must be non-negative, got {self.agent_learning_rates}.")
+        if self.joint_mode == "cross":
+            # Cross tuples are formed within a prompt group, so each process must hold whole groups.
+            local_batch = self.per_device_train_batch_size * self.steps_per_generation
+            if local_batch % self.num_generations != 0:
+                raise ValueError(
+                    f"`joint_mode='cross'` needs whole prompt groups on each process: per_device_train_batch_size * "
+                    f"steps_per_generation ({local_batch}) must be a multiple of num_generations "
+                    f"({self.num_generations})."
+                )
+        if self.use_vllm:
+            raise NotImplementedError(
+                "`use_vllm=True` is not supported by MultiAgentGRPOTrainer yet: generation runs through transformers. "
+                "Set `use_vllm=False`."
+            )
+        if self.use_transformers_continuous_batching:
+            raise NotImplementedError(
+                "`use_transformers_continuous_batching=True` is not supported by MultiAgentGRPOTrainer yet. Set it to "
+                "False."
+            )
+        if self.sync_ref_model:
+            raise NotImplementedError(
+                "`sync_ref_model=True` is not supported by MultiAgentGRPOTrainer yet: each agent keeps its initial "
+                "weights as reference. Set `sync_ref_model=False`."
+            )
+
+
+@dataclass
+class MAGRPOConfig(MultiAgentGRPOConfig):
+    r"""
+    [`MultiAgentGRPOConfig`] that also accepts the field names of the reference library CoMLRL's `MAGRPOConfig`, so
+    that a CoMLRL script runs with only its import lines changed. Each CoMLRL field maps onto a GRPO field; the GRPO
+    names work too. Where a CoMLRL field is set it wins over its GRPO twin.
+
+    Parameters:
+        agent_learning_rate (`float` or `None`, *optional*, defaults to `5e-6`):
+            Learning rate of every agent; maps to `learning_rate`.
+        max_new_tokens (`int` or `None`, *optional*, defaults to `256`):
+            Maximum completion length; maps to `max_completion_length`.
+        num_turns (`int`, *optional*, defaults to `1`):
+            Number of turns. Only `1` is supported for now (CoMLRL's default is 2; multi-turn training with
+            `external_transition` is planned); other values raise `NotImplementedError`.
+        discount (`float`, *optional*, defaults to `1.0`):
+            Return discount across turns; only meaningful with `num_turns > 1`.
+        early_termination_threshold (`float` or `None`, *optional*, defaults to `-0.2`):
+            Multi-turn early stopping; only meaningful with `num_turns > 1`.
+        external_prompt_passthrough (`bool`, *optional*, defaults to `False`):
+            Multi-turn prompt handling; only meaningful with `num_turns > 1`.
+        advantage_normalization (`bool`, *optional*, defaults to `True`):
+            Divide group-centered rewards by their group standard deviation; maps to `scale_rewards="group"`
+            (`True`) or `"none"` (`False`).
+        advantage_mode (`str`, *optional*, defaults to `"mean"`):
+            Baseline of the advantage. Only `"mean"` (the GRPO group mean) is supported; `"raw"`, `"max"` and
+            `"rloo"` raise `NotImplementedError`.
+        rollout_buffer_size (`int`, *optional*, defaults to `2`):
+            Prompts per optimizer step (CoMLRL updates after this many prompt groups).
+        train_batch_size (`int` or `None`, *optional*, defaults to `None`):
+            Prompts per optimizer step; `None` uses `rollout_buffer_size`. Maps to
+            `per_device_train_batch_size = train_batch_size * num_generations` (completions per device and step).
+        eval_interval (`int`, *optional*, defaults to `0`):
+            Evaluate every this many steps (maps to `eval_strategy="steps"`, `eval_steps`); `0` disables
+            evaluation. (CoMLRL defaults to 16, which needs an `eval_dataset`.)
+        reference_kl_enabled (`bool`, *optional*, defaults to `False`) and `reference_kl_coef` (`float`, defaults to
+        `0.1`):
+            KL penalty to each agent's initial weights; map to `beta = reference_kl_coef` when enabled, else 0.
+
+    CoMLRL's defaults are kept where the field means the same here: `num_agents=2`, `num_generations=4`,
+    `temperature=0.6`, `top_p=0.6`, `top_k=50`, `num_train_epochs=20`, `logging_steps=50`. `output_dir` defaults to
+    `"magrpo_output"`.
+    """
+
+    output_dir: str | None = field(default="magrpo_output", metadata={"help": "Where checkpoints and logs go."})
+    num_agents: int | None = field(default=2, metadata={"help": "Number of agents."})
+    num_train_epochs: float = field(default=20, metadata={"help": "Number of training epochs."})
+    logging_steps: float = field(default=50, metadata={"help": "Log every this many steps."})
+    num_generations: int | None = field(default=4, metadata={"help": "Completions per agent per prompt (G)."})
+    temperature: float = field(default=0.6, metadata={"help": "Sampling temperature."})
+    top_p: float = field(default=0.6, metadata={"help": "Nucleus sampling probability."})
+    top_k: int = field(default=50, metadata={"help": "Top-k sampling; 0 disables it."})
+
+    agent_learning_rate: float | None = field(
+        default=5e-6, metadata={"help": "Learning rate of every agent (CoMLRL name of `learning_rate`)."}
+    )
+    max_new_tokens: int | None = field(
+        default=256, metadata={"help": "Maximum completion length (CoMLRL name of `max_completion_length`)."}
+    )
+    num_turns: int = field(default=1, metadata={"help": "Number of turns; only 1 is supported for now."})
+    discount: float = field(default=1.0, metadata={"help": "Return discount across turns (multi-turn only)."})
+    early_termination_threshold: float | None = field(
+        default=-0.2, metadata={"help": "Multi-turn early stopping threshold (multi-turn only)."}
+    )
+    external_prompt_passthrough: bool = field(
+        default=False, metadata={"help": "Multi-turn prompt passthrough (multi-turn only)."}
+    )
+    advantage_normalization: bool = field(
+        default=True, metadata={"help": "Scale advantages by the group std (maps to scale_rewards)."}
+    )
+    advantage_mode: str = field(default="mean", metadata={"help": "Advantage baseline; only 'mean' is supported."})
+    rollout_buffer_size: int = field(default=2, metadata={"help": "Prompts per optimizer step."})
+    train_batch_size: int | None = field(
+        default=None, metadata={"help": "Prompts per optimizer step; None uses rollout_buffer_size."}
+    )
+    eval_interval: int = field(default=0, metadata={"help": "Evaluate every this many steps; 0 disables."})
+    reference_kl_enabled: bool = field(default=False, metadata={"help": "Penalize KL to the initial weights."})
+    reference_kl_coef: float = field(default=0.1, metadata={"help": "KL coefficient when reference_kl_enabled."})
+
+    def __post_init__(self):
+        if self.num_turns != 1:
+            raise NotImplementedError(
+                f"`num_turns={self.num_turns}`: multi-turn training is not supported yet. Set `num_turns=1`."
+            )
+        if self.advantage_mode != "mean":
+            raise NotImplementedError(
+                f"`advantage_mode={self.advantage_mode!r}` is not supported; only 'mean' (the GRPO group baseline) "
+                "is. Remove it or set `advantage_mode='mean'`."
+            )
+        if self.agent_learning_rate is not None:
+            self.learning_rate = self.agent_learning_rate
+        if self.max_new_tokens is not None:
+            self.max_completion_length = self.max_new_tokens
+        self.scale_rewards = "group" if self.advantage_normalization else "none"
+        prompts_per_step = self.train_batch_size or self.rollout_buffer_size
+        if prompts_per_step < 1:
+            raise ValueError(f"`train_batch_size` / `rollout_buffer_size` must be at least 1, got {prompts_per_step}.")
+        self.per_device_train_batch_size = prompts_per_step * self.num_generations
+        if self.eval_interval > 0:
+            self.eval_strategy = "steps"
+            self.eval_steps = self.eval_interval
+            self.per_device_eval_batch_size = self.num_generations
+        if self.reference_kl_enabled:
+            self.beta = self.reference_kl_coef
+        super().__post_init__()

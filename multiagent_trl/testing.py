@@ -1,0 +1,106 @@
+"""Tiny causal language models built in code, for tests, CI and the offline demo (no download needed).
+
+`tiny_model_path()` builds a model once, saves it in the standard Hugging Face format (weights, config, generation
+config and tokenizer), caches it on disk and returns the folder, which `from_pretrained` loads like any hub model.
+The tokenizer is byte-level: every byte is a token, so any text round-trips.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+# A minimal chat template, so that conversational datasets work with the tiny models too.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+# name: (config class, config kwargs). "tiny" is a Qwen2 like the default `Qwen/Qwen2.5-0.5B`; "tiny-llama" is a
+# different architecture and size, for heterogeneous teams.
+ARCHITECTURES = {
+    "tiny": (
+        Qwen2Config,
+        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    ),
+    "tiny-llama": (
+        LlamaConfig,
+        dict(hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4),
+    ),
+}
+FORMAT_VERSION = "1"  # bump when what is built changes, so stale caches are not reused
+
+
+def cache_dir() -> Path:
+    """Where tiny models are cached: `$MULTIAGENT_TRL_CACHE`, else `~/.cache/multiagent_trl`."""
+    return Path(os.environ.get("MULTIAGENT_TRL_CACHE", Path.home() / ".cache" / "multiagent_trl"))
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: 256 byte tokens, then an end-of-text and a padding token."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {char: index for index, char in enumerate(sorted(alphabet, key=lambda c: ord(c)))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        padding_side="left",
+        truncation_side="left",
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_model_path(architecture: str = "tiny", seed: int = 0) -> str:
+    """Build (once) and return the folder of a tiny causal LM with its tokenizer, saved like a hub model.
+
+    Args:
+        architecture: `"tiny"` (Qwen2, about 60k parameters) or `"tiny-llama"` (Llama, a different size), for
+            heterogeneous teams.
+        seed: Seed of the random initial weights; different seeds give different models.
+
+    Returns:
+        The path of a folder that `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` load.
+    """
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"Unknown tiny architecture {architecture!r}; choose one of {sorted(ARCHITECTURES)}.")
+    path = cache_dir() / f"{architecture}-seed{seed}-v{FORMAT_VERSION}"
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        return str(path)
+
+    tokenizer = tiny_tokenizer()
+    config_class, sizes = ARCHITECTURES[architecture]
+    config = config_class(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        **sizes,
+    )
+    with torch.random.fork_rng(devices=[]):  # leave the caller's random state untouched
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+    # Write to a temporary folder and rename, so a concurrent or interrupted build never leaves a half-written model.
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(path)
+    except OSError:  # another process finished first
+        if not (path / "config.json").exists():
+            raise
+    return str(path)

@@ -1,0 +1,641 @@
+"""`MultiAgentGRPOTrainer`: TRL's `GRPOTrainer`, run for N agents on one joint reward (MAGRPO).
+
+How one generation batch flows (`_generate_and_score_completions`):
+
+1. Each agent formats the batch's rows into its own prompts and generates G completions per prompt, independently.
+2. The joint reward functions score tuples of completions: the aligned tuples (j-th of every agent) or, in
+   `joint_mode="cross"`, all G^N tuples of each group, whose rewards are then credited back to each completion.
+3. For each agent, TRL's own `_generate_and_score_completions` runs in that agent's *view* (its tokenizer,
+   generation config, reference model, metrics), replaying the completions of step 1 and the credited rewards of
+   step 2. TRL therefore computes the advantages (`scale_rewards`, `None` rewards, `reward_weights`), the old and
+   reference log-probs, and the metrics, exactly as for one GRPO policy.
+
+The loss (`_compute_loss`) is the sum of each agent's TRL GRPO loss on its own completions; agents share no
+parameters, so each agent's gradient is its own loss's gradient.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from accelerate.utils import gather, gather_object
+from datasets import Dataset, IterableDataset
+from torch import nn
+from transformers import AutoProcessor, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers.trainer import TRAINING_ARGS_NAME
+from trl import GRPOTrainer
+from trl.models.utils import prepare_deepspeed, prepare_fsdp
+from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, nanstd
+
+from .config import MultiAgentGRPOConfig
+from .rewards import apply_processor, bind_reward, cross_credit, cross_tuples
+from .team import AgentTeam
+
+# Trainer attributes that belong to one agent; `_agent_view(i)` swaps agent i's values in.
+AGENT_ATTRIBUTES = (
+    "processing_class",
+    "_tokenizer",
+    "eos_token_ids",
+    "generation_config",
+    "generation_kwargs",
+    "ref_model",
+    "_metrics",
+    "_logs",
+)
+
+
+class MultiAgentGRPOTrainer(GRPOTrainer):
+    """Train N language-model agents with GRPO on one joint reward.
+
+    A drop-in replacement for [`~trl.GRPOTrainer`]: same arguments, same reward-function conventions, same launch
+    commands; with one agent it trains exactly like `GRPOTrainer`. It also accepts the argument names of the
+    reference library CoMLRL (`agents`, `reward_func`, `reward_processor`, `tokenizer`, `formatters`).
+
+    What differs from `GRPOTrainer`, and why:
+
+    - `_generate_and_score_completions`: every agent generates, then the joint reward is computed once and TRL's
+      own method runs per agent on the credited rewards (see the module docstring).
+    - `_generate`, `_calculate_rewards`: replay what was computed jointly, inside the per-agent pass.
+    - `_compute_loss`: the sum of the agents' own GRPO losses.
+    - `create_optimizer`, `_clip_grad_norm`: one parameter group per agent (per-agent learning rates) and gradient
+      clipping per agent, so one agent's large gradient does not shrink another's update.
+    - `log`: per-agent metrics under `agent_{i}/...`; the joint `reward` and `reward_std` at the top level.
+    - `_save`, `_load_from_checkpoint`: one folder per agent, `agent_{i}/`, each loadable with `from_pretrained`.
+
+    Args:
+        model (`str`, `PreTrainedModel`, or a list of them):
+            The agents: one model id or path (loaded `args.num_agents` times), one model (a team of one), or one
+            model or id per agent (sizes and architectures may differ).
+        reward_funcs (callable or list of callables):
+            Joint reward functions, CoMLRL style `f(completions1, ..., completionsN)` or TRL style
+            `f(prompts, completions, **kwargs)` with `completions[j]` the tuple of the agents' completions of
+            joint sample j (with one agent, the plain completion, as in TRL). Several combine with
+            `args.reward_weights`. With one agent, TRL's reward models (sequence classifiers) work too.
+        args ([`MultiAgentGRPOConfig`], *optional*):
+            Configuration; `None` uses the defaults.
+        train_dataset, eval_dataset ([`~datasets.Dataset`], *optional*):
+            Rows with a `"prompt"` column, unless `formatters` builds the prompts. Other columns reach the reward
+            functions as keyword arguments.
+        processing_class (tokenizer, or one per agent, *optional*):
+            Loaded from each agent's model when `None`.
+        callbacks, optimizers:
+            As in [`~transformers.Trainer`].
+        agents (list, *optional*):
+            CoMLRL name of `model` (a list of models).
+        reward_func (callable, *optional*):
+            CoMLRL name of `reward_funcs` (one function).
+        reward_processor (`Callable[[float], float]`, *optional*):
+            Applied to each joint reward (the weighted sum of the reward functions) before advantages, e.g.
+            `RewardProcessors.scale(100.0)`.
+        tokenizer (*optional*):
+            CoMLRL name of `processing_class`.
+        formatters (callable or one per agent, *optional*):
+            `formatter(row) -> prompt` builds an agent's prompt (text or conversation) from a dataset row.
+        wandb_config (`dict`, *optional*):
+            CoMLRL-style wandb settings (`project`, `entity`, `name`, `tags`); turns on `report_to="wandb"`.
+        **kwargs:
+            Other `GRPOTrainer` arguments (`reward_processing_classes`, `quantization_config`, ...).
+
+    Example:
+
+    ```python
+    >>> from datasets import Dataset
+    >>> from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    >>> from multiagent_trl.testing import tiny_model_path
+
+    >>> def ratio_reward(completions1, completions2):
+    ...     return [min(len(b) / max(len(a), 1), 3.0) for a, b in zip(completions1, completions2)]
+
+    >>> trainer = MultiAgentGRPOTrainer(
+    ...     model=tiny_model_path(),
+    ...     reward_funcs=ratio_reward,
+    ...     args=MultiAgentGRPOConfig(output_dir="out", num_agents=2, max_steps=1, max_completion_length=8),
+    ...     train_dataset=Dataset.from_dict({"prompt": ["Tell a story:"] * 8}),
+    ... )
+    >>> trainer.train()  # doctest: +SKIP
+    ```
+    """
+
+    _tag_names = ["trl", "grpo", "multiagent-trl", "magrpo"]
+    _name = "MAGRPO"
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel | Sequence[str | PreTrainedModel] | None = None,
+        reward_funcs: Callable | Sequence[Callable] | None = None,
+        args: MultiAgentGRPOConfig | None = None,
+        train_dataset: Dataset | IterableDataset | None = None,
+        eval_dataset: Dataset | IterableDataset | dict[str, Dataset] | None = None,
+        processing_class: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None] = (None, None),
+        *,
+        agents: Sequence[str | PreTrainedModel] | None = None,
+        reward_func: Callable | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        tokenizer: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
+        formatters: Callable | Sequence[Callable] | None = None,
+        wandb_config: dict[str, Any] | None = None,
+        **kwargs,
+    ):
+        model = _one_of("model", model, "agents", agents)
+        reward_funcs = _one_of("reward_funcs", reward_funcs, "reward_func", reward_func)
+        processing_class = _one_of("processing_class", processing_class, "tokenizer", tokenizer)
+        if model is None:
+            raise ValueError("Pass the agents: `model=` (an id, a path, a model, or a list of them) or `agents=[...]`.")
+        if args is None:
+            args = MultiAgentGRPOConfig(output_dir="multiagent-grpo-output")
+        elif not isinstance(args, MultiAgentGRPOConfig):
+            raise TypeError(
+                f"`args` is a {type(args).__name__}; MultiAgentGRPOTrainer needs a MultiAgentGRPOConfig (or "
+                "MAGRPOConfig), which takes every GRPOConfig field: replace `GRPOConfig(` with `MultiAgentGRPOConfig(`."
+            )
+        if kwargs.get("peft_config") is not None:
+            raise NotImplementedError("`peft_config` (one LoRA adapter per agent) is not supported yet.")
+        if wandb_config:
+            _apply_wandb_config(args, wandb_config)
+
+        models = self._load_agents(model, args, kwargs.get("quantization_config"))
+        num_agents = args.num_agents = len(models)
+        if num_agents > 1:
+            unsupported = [k for k in ("tools", "rollout_func", "environment_factory") if kwargs.get(k) is not None]
+            if unsupported:
+                raise NotImplementedError(f"{unsupported} are supported with one agent only.")
+        if args.agent_learning_rates is not None and len(args.agent_learning_rates) != num_agents:
+            raise ValueError(
+                f"`agent_learning_rates` has {len(args.agent_learning_rates)} values for {num_agents} agents: give "
+                "one learning rate per agent."
+            )
+        processing_classes = self._load_processing_classes(processing_class, models, args)
+        self.formatters = _per_agent("formatters", formatters, num_agents)
+        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+            _check_prompt_column(name, dataset, self.formatters)
+        reward_funcs = self._bind_reward_funcs(reward_funcs, num_agents)
+        self.reward_processor = reward_processor
+
+        # Each agent's reference is a copy of its initial weights, made here, before TRL patches the forward (a
+        # copy made after would call the original model's forward) and without reloading from a path (an
+        # in-memory model has none). TRL must not build its own: beta is hidden from it during construction.
+        beta = args.beta
+        ref_models = [copy.deepcopy(m) if beta != 0.0 else None for m in models]
+        args.beta = 0.0
+        try:
+            super().__init__(
+                model=models[0],
+                reward_funcs=reward_funcs,
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_classes[0],
+                callbacks=callbacks,
+                optimizers=optimizers,
+                **kwargs,
+            )
+        finally:
+            args.beta = beta
+        self.beta = beta
+        self.num_agents = num_agents
+
+        # TRL prepared agent 0; prepare the others the same way, then keep one view per agent.
+        template = {name: getattr(self, name) for name in AGENT_ATTRIBUTES}
+        self._agent_views = []
+        for i, (agent, processor, ref_model) in enumerate(zip(models, processing_classes, ref_models, strict=True)):
+            view = self._setup_agent(agent, processor) if i > 0 else {k: template[k] for k in AGENT_ATTRIBUTES[:5]}
+            view["ref_model"] = self._setup_ref_model(ref_model)
+            view["_metrics"] = copy.deepcopy(template["_metrics"])
+            view["_logs"] = copy.deepcopy(template["_logs"])
+            self._agent_views.append(view)
+
+        # From here on, "the model" that Trainer and Accelerate see is the whole team.
+        team = AgentTeam(models)
+        if self.place_model_on_device and not self.is_model_parallel:
+            self._move_model_to_device(team, self.args.device)
+        self.model = self.model_wrapped = self.callback_handler.model = team
+        self._replay = None  # (rollout, credited rewards) of the agent being scored, see `_score_agent`
+
+    # ------------------------------------------------------------------ construction helpers
+
+    @staticmethod
+    def _load_agents(model, args: MultiAgentGRPOConfig, quantization_config) -> list[PreTrainedModel]:
+        if isinstance(model, (str, os.PathLike)):
+            entries = [model] * (args.num_agents or 1)
+        elif isinstance(model, nn.Module):
+            if args.num_agents not in (None, 1):
+                raise ValueError(
+                    f"One model object was given with `num_agents={args.num_agents}`. Pass a list of "
+                    f"{args.num_agents} models, or a model id or path, which is loaded once per agent."
+                )
+            entries = [model]
+        else:
+            entries = list(model)
+            if not entries:
+                raise ValueError("The list of agents is empty: pass at least one model or model id.")
+            if args.num_agents is not None and args.num_agents != len(entries):
+                raise ValueError(
+                    f"{len(entries)} agents were given but `num_agents={args.num_agents}`: make them agree (or leave "
+                    "`num_agents` unset to use the number of agents given)."
+                )
+        models = []
+        for entry in entries:
+            if isinstance(entry, (str, os.PathLike)):
+                # The same loading as GRPOTrainer's, so that a team of one matches it exactly.
+                init_kwargs = dict(args.model_init_kwargs or {})
+                if quantization_config is not None:
+                    init_kwargs["quantization_config"] = quantization_config
+                if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+                    init_kwargs["device_map"] = None
+                init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+                entry = create_model_from_path(str(entry), **init_kwargs)
+            elif not isinstance(entry, PreTrainedModel):
+                raise TypeError(
+                    f"Each agent must be a model id, a path, or a transformers PreTrainedModel; got "
+                    f"{type(entry).__name__}."
+                )
+            models.append(entry)
+        if len({id(m) for m in models}) != len(models):
+            raise ValueError(
+                "The same model object was given for several agents; agents must not share weights. Pass separate "
+                "copies (or a model id or path, which is loaded once per agent)."
+            )
+        return models
+
+    @staticmethod
+    def _load_processing_classes(processing_class, models, args) -> list:
+        if processing_class is None or isinstance(processing_class, PreTrainedTokenizerBase):
+            processing_classes = [processing_class] * len(models)
+        else:
+            processing_classes = list(processing_class)
+            if len(processing_classes) != len(models):
+                raise ValueError(
+                    f"{len(processing_classes)} tokenizers (`processing_class`/`tokenizer`) were given for "
+                    f"{len(models)} agents: pass one tokenizer for all, or one per agent."
+                )
+        return [
+            pc
+            if pc is not None
+            else AutoProcessor.from_pretrained(
+                m.config._name_or_path,
+                truncation_side="left",
+                padding_side="left",
+                trust_remote_code=args.trust_remote_code,
+            )
+            for pc, m in zip(processing_classes, models, strict=True)
+        ]
+
+    @staticmethod
+    def _bind_reward_funcs(reward_funcs, num_agents: int) -> list:
+        if reward_funcs is None:
+            raise ValueError("Pass a joint reward function: `reward_funcs=` (TRL name) or `reward_func=` (CoMLRL name).")
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        bound = []
+        for func in funcs:
+            if isinstance(func, (str, nn.Module)):
+                if num_agents > 1:
+                    raise ValueError(
+                        "Reward models (a model id or an nn.Module in `reward_funcs`) score one completion, so they "
+                        "work with one agent only; wrap the model in a function of the agents' completions instead."
+                    )
+                bound.append(func)
+            elif callable(func):
+                bound.append(bind_reward(func, num_agents))
+            else:
+                raise TypeError(f"Reward functions must be callables; got {type(func).__name__}.")
+        return bound
+
+    def _setup_agent(self, model: PreTrainedModel, processing_class) -> dict[str, Any]:
+        """Prepare agent i > 0 the way `GRPOTrainer.__init__` prepares its model; return its view attributes."""
+        tokenizer = getattr(processing_class, "tokenizer", processing_class)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        eos_token_ids = model.generation_config.eos_token_id
+        eos_token_ids = [] if eos_token_ids is None else [eos_token_ids] if isinstance(eos_token_ids, int) else eos_token_ids
+        if tokenizer.eos_token_id not in eos_token_ids:
+            eos_token_ids = [tokenizer.eos_token_id, *eos_token_ids]
+        if self.args.disable_dropout:
+            disable_dropout_in_model(model)
+        add_fused_lm_head(
+            model,
+            temperature=self.temperature,
+            cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
+            outputs=("log_probs", "entropy"),
+        )
+        model.add_model_tags(self._tag_names)
+        # Agent 0's generation settings with this agent's special tokens.
+        generation_kwargs = {
+            **self.generation_kwargs,
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": eos_token_ids,
+        }
+        return {
+            "processing_class": processing_class,
+            "_tokenizer": tokenizer,
+            "eos_token_ids": eos_token_ids,
+            "generation_config": GenerationConfig(**generation_kwargs, disable_compile=True),
+            "generation_kwargs": generation_kwargs,
+        }
+
+    def _setup_ref_model(self, ref_model: PreTrainedModel | None) -> nn.Module | None:
+        if ref_model is None:
+            return None
+        if self.args.disable_dropout:
+            disable_dropout_in_model(ref_model)
+        add_fused_lm_head(ref_model, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(ref_model, self.accelerator)
+        if self.is_fsdp_enabled:
+            return prepare_fsdp(ref_model, self.accelerator)
+        return self.accelerator.prepare_model(ref_model, evaluation_mode=True)
+
+    # ------------------------------------------------------------------ agent views
+
+    @contextmanager
+    def _swap(self, **attributes) -> Iterator[None]:
+        saved = {name: getattr(self, name) for name in attributes}
+        for name, value in attributes.items():
+            setattr(self, name, value)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
+
+    @contextmanager
+    def _agent_view(self, index: int) -> Iterator[None]:
+        """Run TRL code as if agent `index` were the only policy: its tokenizer, generation config, reference model
+        and metric buffers are swapped in, and the team routes `forward`/`generate` to it."""
+        with self._swap(**self._agent_views[index]), self.accelerator.unwrap_model(self.model).use(index):
+            yield
+
+    def agent_metric_prefix(self, index: int) -> str:
+        """Prefix of agent `index`'s metrics: `agent_{index}/`, or nothing for a team of one (TRL's own names)."""
+        return f"agent_{index}/" if self.num_agents > 1 else ""
+
+    # ------------------------------------------------------------------ generation, rewards, advantages
+
+    def _agent_inputs(self, inputs: list[dict], index: int) -> list[dict]:
+        formatter = self.formatters[index] if self.formatters else None
+        if formatter is None:
+            if "prompt" not in inputs[0]:
+                raise ValueError(
+                    f"The dataset rows have no 'prompt' column (columns: {sorted(inputs[0])}). Add one, or pass "
+                    "`formatters=` to build each agent's prompt from a row."
+                )
+            return inputs
+        return [{**row, "prompt": formatter(row)} for row in inputs]
+
+    def _generate(self, prompts: list):
+        if self._replay is not None:  # inside `_score_agent`: the agent already generated
+            return self._replay[0]
+        return super()._generate(prompts)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        if self._replay is not None:  # inside `_score_agent`: the credited joint rewards, already gathered
+            return self._replay[1]
+        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
+
+        # 1. Every agent generates from its own prompts; none sees another's completions.
+        rollouts = []
+        for i in range(self.num_agents):
+            with self._agent_view(i):
+                rollouts.append(self._generate([row["prompt"] for row in agent_inputs[i]]))
+
+        # 2. Score joint samples once; credit each agent's completions.
+        rewards_per_func = self._joint_rewards(inputs, agent_inputs, rollouts, num_generations)  # (rows, F)
+        rewards, names, weights = self._process_rewards(rewards_per_func, mode)
+        if self.args.joint_mode == "cross":
+            credited = [cross_credit(rewards, num_generations, self.num_agents, i) for i in range(self.num_agents)]
+        else:
+            credited = [rewards] * self.num_agents
+
+        # 3. TRL's own scoring per agent: advantages, old/ref log-probs, metrics.
+        outputs = []
+        for i in range(self.num_agents):
+            with self._agent_view(i), self._swap(
+                _replay=(rollouts[i], credited[i]), reward_func_names=names, reward_weights=weights
+            ):
+                outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
+
+        self._log_joint_samples(agent_inputs, rollouts, rewards_per_func, outputs)
+        return {f"agent_{i}/{key}": value for i, output in enumerate(outputs) for key, value in output.items()}
+
+    def _joint_rewards(self, inputs, agent_inputs, rollouts, num_generations) -> torch.Tensor:
+        """Score the joint samples with every reward function; returns the gathered `(rows, F)` rewards."""
+        completions = [rollout[3] for rollout in rollouts]
+        completion_ids = [rollout[1] for rollout in rollouts]
+        prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
+        if self.args.joint_mode == "cross" and self.num_agents > 1:
+            tuples = [
+                tuple(start + k for k in ks)
+                for start in range(0, len(inputs), num_generations)
+                for ks in cross_tuples(num_generations, self.num_agents)
+            ]
+        else:
+            tuples = [(j,) * self.num_agents for j in range(len(inputs))]
+
+        def joint(per_agent: list[list]) -> list:
+            if self.num_agents == 1:  # a team of one gets exactly what TRL gives a reward function
+                return [per_agent[0][t[0]] for t in tuples]
+            return [tuple(values[k] for values, k in zip(per_agent, t, strict=True)) for t in tuples]
+
+        rows = [inputs[t[0]] for t in tuples]
+        return self._calculate_rewards(rows, joint(prompts), joint(completions), joint(completion_ids))
+
+    def _process_rewards(self, rewards_per_func: torch.Tensor, mode: str):
+        """Log the joint reward and apply the reward processor.
+
+        Returns the rewards TRL should turn into advantages, with the function names and weights that go with them:
+        the per-function rewards and TRL's weights, or (with a processor) one processed joint reward of weight 1.
+        """
+        weights = self.reward_weights.to(rewards_per_func.device)
+        unscorable = torch.isnan(rewards_per_func).all(dim=1)
+        joint = (rewards_per_func * weights).nansum(dim=1)
+        joint[unscorable] = torch.nan
+        if self.reward_processor is not None:
+            joint = apply_processor(self.reward_processor, joint)
+        metrics = self._metrics[mode]
+        metrics["reward"].append(torch.nanmean(joint).item())
+        metrics["reward_std"].append(nanstd(joint).item())
+        for k, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, k]).item())
+            metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[:, k]).item())
+        if self.reward_processor is None:
+            return rewards_per_func, self.reward_func_names, self.reward_weights
+        return joint.unsqueeze(1), ["reward"], torch.ones(1)
+
+    def _log_joint_samples(self, agent_inputs, rollouts, rewards_per_func, outputs) -> None:
+        """Fill the completions table: one row per aligned joint sample, the agents' completions side by side."""
+        prompts = gather_object([row["prompt"] for row in agent_inputs[0]])
+        completions = [gather_object(rollout[3]) for rollout in rollouts]
+        advantages = [gather(output["advantages"]).tolist() for output in outputs]
+        if self.args.joint_mode == "cross" and self.num_agents > 1:
+            # Show the aligned tuple (j, ..., j) of each group, one of the scored tuples.
+            group = self.num_generations ** self.num_agents
+            g = self.num_generations
+            diagonal = [b * group + sum(k * g ** (self.num_agents - 1 - a) for a in range(self.num_agents))
+                        for b in range(len(prompts) // g) for k in range(g)]
+            rewards_per_func = rewards_per_func[diagonal]
+        self._logs["prompt"].extend(prompts)
+        if self.num_agents == 1:
+            self._logs["completion"].extend(completions[0])
+        else:
+            self._logs["completion"].extend(
+                "\n".join(f"[agent_{i}] {_text(c)}" for i, c in enumerate(joint)) for joint in zip(*completions)
+            )
+            for i in range(self.num_agents):
+                self._logs["extra"][f"agent_{i}/completion"].extend(_text(c) for c in completions[i])
+                self._logs["extra"][f"agent_{i}/advantage"].extend(advantages[i])
+        for k, name in enumerate(self.reward_func_names):
+            self._logs["rewards"][name].extend(rewards_per_func[:, k].tolist())
+        self._logs["advantages"].extend(advantages[0])
+
+    # ------------------------------------------------------------------ loss and optimization
+
+    def _compute_loss(self, model, inputs):
+        loss = 0.0
+        for i in range(self.num_agents):
+            prefix = f"agent_{i}/"
+            agent_batch = {key[len(prefix) :]: value for key, value in inputs.items() if key.startswith(prefix)}
+            with self._agent_view(i):
+                loss = loss + super()._compute_loss(model, agent_batch)
+        return loss
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        learning_rates = self.args.agent_learning_rates
+        if self.num_agents == 1 and learning_rates is None:
+            return optimizer
+        # Split each of Trainer's parameter groups (decay / no decay) into one group per agent, with its own
+        # learning rate; the scheduler then scales every group's rate by the same factor.
+        team = self.accelerator.unwrap_model(self.model)
+        owner = {id(p): i for i in range(self.num_agents) for p in team.agents[i].parameters()}
+        groups = []
+        for group in optimizer.param_groups:
+            for i in range(self.num_agents):
+                params = [p for p in group["params"] if owner[id(p)] == i]
+                if params:
+                    lr = learning_rates[i] if learning_rates is not None else group["lr"]
+                    groups.append({**group, "params": params, "lr": lr, "initial_lr": lr, "agent": i})
+        optimizer.param_groups.clear()
+        for group in groups:
+            optimizer.add_param_group(group)
+        return optimizer
+
+    def _clip_grad_norm(self, model):
+        if self.num_agents == 1 or self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            return super()._clip_grad_norm(model)  # the engine clips the whole model
+        self.accelerator.unscale_gradients()
+        team = self.accelerator.unwrap_model(self.model)
+        norms = []
+        for i in range(self.num_agents):
+            norm = torch.nn.utils.clip_grad_norm_(team.agent_parameters(i), self.args.max_grad_norm)
+            self._metrics["train"][f"agent_{i}/grad_norm"].append(norm.item())
+            norms.append(norm)
+        return torch.linalg.vector_norm(torch.stack(norms))  # the team's norm, logged as `grad_norm`
+
+    # ------------------------------------------------------------------ logging
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        for i, view in enumerate(self._agent_views):
+            prefix = self.agent_metric_prefix(i)
+            for key, values in view["_metrics"][mode].items():
+                if key == "num_tokens":  # TRL's counter is the trainer's, shared by all agents: log it once
+                    self._metrics[mode][key] = values
+                elif prefix or key not in self._metrics[mode]:  # a team of one: the joint values are the agent's
+                    self._metrics[mode][prefix + key].extend(values)
+            view["_metrics"][mode].clear()
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------------ saving and loading
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Save each agent to `output_dir/agent_{i}/` (model and tokenizer, loadable with `from_pretrained`)."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.should_save:
+            return
+        team = self.accelerator.unwrap_model(self.model)
+        for i, agent in enumerate(team.agents):
+            agent_dir = os.path.join(output_dir, f"agent_{i}")
+            prefix = f"agents.{i}."
+            agent_state = None
+            if state_dict is not None:  # gathered by the engine (FSDP, DeepSpeed) for the whole team
+                agent_state = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            agent.save_pretrained(agent_dir, state_dict=agent_state)
+            self._agent_views[i]["processing_class"].save_pretrained(agent_dir)
+        torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        team = self.accelerator.unwrap_model(model if model is not None else self.model)
+        for i, agent in enumerate(team.agents):
+            agent_dir = os.path.join(resume_from_checkpoint, f"agent_{i}")
+            if not os.path.isdir(agent_dir):
+                raise FileNotFoundError(
+                    f"Checkpoint {resume_from_checkpoint} has no folder agent_{i}/; it was not written by a "
+                    f"MultiAgentGRPOTrainer with {self.num_agents} agents."
+                )
+            loaded = type(agent).from_pretrained(agent_dir, dtype=agent.dtype)
+            agent.load_state_dict(loaded.state_dict())
+
+
+MAGRPOTrainer = MultiAgentGRPOTrainer
+
+
+def _one_of(name: str, value, alias: str, alias_value):
+    if value is not None and alias_value is not None:
+        raise ValueError(f"Pass either `{name}` or its CoMLRL name `{alias}`, not both.")
+    return value if value is not None else alias_value
+
+
+def _per_agent(name: str, value, num_agents: int) -> list | None:
+    if value is None:
+        return None
+    if callable(value):
+        return [value] * num_agents
+    values = list(value)
+    if len(values) != num_agents:
+        raise ValueError(f"{len(values)} {name} were given for {num_agents} agents: pass one for all, or one per agent.")
+    return values
+
+
+def _check_prompt_column(name: str, dataset, formatters) -> None:
+    if dataset is None or formatters is not None:
+        return
+    datasets = dataset.values() if isinstance(dataset, dict) else [dataset]
+    for ds in datasets:
+        columns = getattr(ds, "column_names", None)
+        if columns is not None and "prompt" not in columns:
+            raise ValueError(
+                f"`{name}` has no 'prompt' column (columns: {columns}). Add one, or pass `formatters=` to build each "
+                "agent's prompt from a row."
+            )
+
+
+def _apply_wandb_config(args: MultiAgentGRPOConfig, wandb_config: dict[str, Any]) -> None:
+    for key, env in (("project", "WANDB_PROJECT"), ("entity", "WANDB_ENTITY"), ("dir", "WANDB_DIR")):
+        if wandb_config.get(key):
+            os.environ[env] = str(wandb_config[key])
+    if wandb_config.get("tags"):
+        os.environ["WANDB_TAGS"] = ",".join(wandb_config["tags"])
+    if wandb_config.get("name"):
+        args.run_name = wandb_config["name"]
+    args.report_to = ["wandb"]
+
+
+def _text(completion) -> str:
+    """A completion as text: plain completions as they are, conversational ones by their content."""
+    if isinstance(completion, str):
+        return completion
+    return "\n".join(str(message.get("content", "")) for message in completion)
