@@ -153,10 +153,9 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
             Baseline of the advantage. Only `"mean"` (the GRPO group mean) is supported; `"raw"`, `"max"` and
             `"rloo"` raise `NotImplementedError`.
         rollout_buffer_size (`int`, *optional*, defaults to `2`):
-            Prompts per optimizer step (CoMLRL updates after this many prompt groups).
-        train_batch_size (`int` or `None`, *optional*, defaults to `None`):
-            Prompts per optimizer step; `None` uses `rollout_buffer_size`. Maps to
-            `per_device_train_batch_size = train_batch_size * num_generations` (completions per device and step).
+            Prompts per optimizer step (CoMLRL updates after this many prompt groups). Maps to
+            `per_device_train_batch_size = rollout_buffer_size * num_generations` (completions per device and step).
+            CoMLRL's `train_batch_size` is not accepted: the name is a read-only property of `TrainingArguments`.
         eval_interval (`int`, *optional*, defaults to `0`):
             Evaluate every this many steps (maps to `eval_strategy="steps"`, `eval_steps`); `0` disables
             evaluation. (CoMLRL defaults to 16, which needs an `eval_dataset`.)
@@ -197,9 +196,6 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
     )
     advantage_mode: str = field(default="mean", metadata={"help": "Advantage baseline; only 'mean' is supported."})
     rollout_buffer_size: int = field(default=2, metadata={"help": "Prompts per optimizer step."})
-    train_batch_size: int | None = field(
-        default=None, metadata={"help": "Prompts per optimizer step; None uses rollout_buffer_size."}
-    )
     eval_interval: int = field(default=0, metadata={"help": "Evaluate every this many steps; 0 disables."})
     reference_kl_enabled: bool = field(default=False, metadata={"help": "Penalize KL to the initial weights."})
     reference_kl_coef: float = field(default=0.1, metadata={"help": "KL coefficient when reference_kl_enabled."})
@@ -219,10 +215,9 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
         if self.max_new_tokens is not None:
             self.max_completion_length = self.max_new_tokens
         self.scale_rewards = "group" if self.advantage_normalization else "none"
-        prompts_per_step = self.train_batch_size or self.rollout_buffer_size
-        if prompts_per_step < 1:
-            raise ValueError(f"`train_batch_size` / `rollout_buffer_size` must be at least 1, got {prompts_per_step}.")
-        self.per_device_train_batch_size = prompts_per_step * self.num_generations
+        if self.rollout_buffer_size < 1:
+            raise ValueError(f"`rollout_buffer_size` must be at least 1, got {self.rollout_buffer_size}.")
+        self.per_device_train_batch_size = self.rollout_buffer_size * self.num_generations
         if self.eval_interval > 0:
             self.eval_strategy = "steps"
             self.eval_steps = self.eval_interval

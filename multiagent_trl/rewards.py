@@ -39,12 +39,14 @@ def reward_style(func: Callable, num_agents: int) -> str:
         params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError) as err:
         raise TypeError(f"Cannot read the signature of reward function '{name}'.") from err
-    names = {p.name for p in params}
-    if "completions" in names:
+    kinds = {p.kind for p in params}
+    if any(p.name == "completions" and p.kind != p.VAR_POSITIONAL for p in params):
         return TRL_STYLE
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-    if any(p.kind == p.VAR_POSITIONAL for p in params) and not positional:
+    if not positional and inspect.Parameter.VAR_POSITIONAL in kinds:
         return COMLRL_STYLE
+    if not positional and inspect.Parameter.VAR_KEYWORD in kinds:  # f(**kwargs) takes TRL's keyword arguments
+        return TRL_STYLE
     if positional and len(positional) == num_agents:
         return COMLRL_STYLE
     if positional:

@@ -1,0 +1,148 @@
+"""Training a team: which parameters move, per-agent learning rates and gradients, heterogeneous agents, saving."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOTrainer
+
+from multiagent_trl import MultiAgentGRPOTrainer
+
+from .conftest import small_args
+
+
+def length_ratio(completions1, completions2):
+    return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
+
+
+def snapshot(module):
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+def changed(before, module):
+    return {name for name, p in module.named_parameters() if not torch.equal(before[name], p)}
+
+
+def test_every_agent_trains_and_logs_its_own_metrics(tmp_path, tiny_path, prompts_dataset):
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_ratio,
+        args=small_args(tmp_path, num_agents=2, beta=0.05),
+        train_dataset=prompts_dataset,
+    )
+    before = [snapshot(agent) for agent in trainer.model.agents]
+    trainer.train()
+    for i, agent in enumerate(trainer.model.agents):
+        assert changed(before[i], agent) == set(before[i]), f"agent {i}: some parameters did not train"
+
+    logs = trainer.state.log_history[0]
+    for key in ("loss", "reward", "reward_std", "grad_norm", "num_tokens", "rewards/length_ratio/mean"):
+        assert key in logs, key
+    for i in range(2):
+        for key in ("completions/mean_length", "kl", "entropy", "clip_ratio/region_mean", "grad_norm", "reward"):
+            assert f"agent_{i}/{key}" in logs, f"agent_{i}/{key}"
+    assert "agent_0/num_tokens" not in logs  # a trainer-wide counter, logged once
+    # The team's grad norm is the norm of the agents' norms.
+    norms = torch.tensor([logs["agent_0/grad_norm"], logs["agent_1/grad_norm"]])
+    assert logs["grad_norm"] == torch.linalg.vector_norm(norms).item()
+
+
+def test_gradients_stay_within_each_agent(tmp_path, tiny_path, prompts_dataset):
+    """The team loss's gradient on agent i equals the gradient of agent i's own GRPO loss alone."""
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_ratio,
+        args=small_args(tmp_path, num_agents=2, gradient_checkpointing=False),
+        train_dataset=prompts_dataset,
+    )
+    team = trainer.model
+    team.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which this test calls around
+    batch = trainer._generate_and_score_completions([prompts_dataset[i] for i in range(2) for _ in range(4)])
+    trainer._compute_loss(team, batch).backward()
+    team_grads = [{n: p.grad.clone() for n, p in agent.named_parameters()} for agent in team.agents]
+
+    for i in range(2):
+        team.zero_grad(set_to_none=True)
+        agent_batch = {k.split("/", 1)[1]: v for k, v in batch.items() if k.startswith(f"agent_{i}/")}
+        with trainer._agent_view(i):
+            GRPOTrainer._compute_loss(trainer, team, agent_batch).backward()
+        for name, p in team.agents[i].named_parameters():
+            torch.testing.assert_close(p.grad, team_grads[i][name], msg=name)
+        assert all(p.grad is None for p in team.agents[1 - i].parameters())
+
+
+def test_per_agent_learning_rates(tmp_path, tiny_path, prompts_dataset):
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_ratio,
+        args=small_args(tmp_path, num_agents=2, agent_learning_rates=[1e-3, 0.0]),
+        train_dataset=prompts_dataset,
+    )
+    before = [snapshot(agent) for agent in trainer.model.agents]
+    trainer.train()
+    assert changed(before[0], trainer.model.agents[0]) == set(before[0])
+    assert changed(before[1], trainer.model.agents[1]) == set()  # learning rate 0: untouched
+    groups = trainer.optimizer.param_groups
+    assert sorted({(g["agent"], g["initial_lr"]) for g in groups}) == [(0, 1e-3), (1, 0.0)]
+
+
+def test_heterogeneous_agents_train_save_and_load(tmp_path, tiny_path, tiny_llama_path, prompts_dataset):
+    tokenizers = [AutoTokenizer.from_pretrained(p) for p in (tiny_path, tiny_llama_path)]
+    trainer = MultiAgentGRPOTrainer(
+        model=[tiny_path, AutoModelForCausalLM.from_pretrained(tiny_llama_path)],
+        reward_funcs=length_ratio,
+        processing_class=tokenizers,
+        args=small_args(tmp_path, beta=0.1),  # beta > 0 with an in-memory agent: its reference is its initial copy
+        train_dataset=prompts_dataset,
+    )
+    assert trainer.num_agents == 2
+    before = [snapshot(agent) for agent in trainer.model.agents]
+    trainer.train()
+    for i, agent in enumerate(trainer.model.agents):
+        assert changed(before[i], agent) == set(before[i])
+
+    trainer.save_model(tmp_path / "saved")
+    for i, (model_type, agent) in enumerate(zip(("qwen2", "llama"), trainer.model.agents)):
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved" / f"agent_{i}")
+        tokenizer = AutoTokenizer.from_pretrained(tmp_path / "saved" / f"agent_{i}")
+        assert loaded.config.model_type == model_type
+        assert tokenizer("héllo 🙂")["input_ids"] == tokenizers[i]("héllo 🙂")["input_ids"]
+        for name, p in agent.named_parameters():
+            torch.testing.assert_close(loaded.get_parameter(name), p, rtol=0, atol=0, msg=name)
+        # The loaded agent generates what the trained one does.
+        inputs = tokenizer(["Tell a joke:"], return_tensors="pt")
+        expected = agent.generate(**inputs, max_new_tokens=8, do_sample=False)
+        assert torch.equal(loaded.generate(**inputs, max_new_tokens=8, do_sample=False), expected)
+
+
+def test_evaluation_logs_joint_and_per_agent_metrics(tmp_path, tiny_path, prompts_dataset):
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_ratio,
+        args=small_args(tmp_path, num_agents=2, per_device_eval_batch_size=4),
+        train_dataset=prompts_dataset,
+        eval_dataset=prompts_dataset.select(range(2)),
+    )
+    metrics = trainer.evaluate()
+    for key in ("eval_loss", "eval_reward", "eval_agent_0/completions/mean_length", "eval_agent_1/reward"):
+        assert key in metrics, key
+
+
+def test_completions_table_shows_agents_side_by_side(tmp_path, tiny_path, prompts_dataset):
+    import pandas as pd
+
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_ratio,
+        args=small_args(tmp_path, num_agents=2, log_completions=True, max_steps=1),
+        train_dataset=prompts_dataset,
+    )
+    trainer.train()
+    table = pd.read_parquet(tmp_path / "out" / "completions" / "completions_00001.parquet")
+    assert len(table) == 8
+    for column in ("prompt", "completion", "length_ratio", "advantage", "agent_0/completion", "agent_1/advantage"):
+        assert column in table.columns, column
+    row = table.iloc[0]
+    expected = length_ratio([row["agent_0/completion"]], [row["agent_1/completion"]])[0]
+    assert row["length_ratio"] == pytest.approx(expected, rel=1e-6)  # stored as float32
+    assert row["completion"].startswith("[agent_0] ")
