@@ -83,6 +83,11 @@ class MultiAgentGRPOConfig(GRPOConfig):
         # from the hardware instead; an explicit choice is left to TRL and transformers to validate.
         if self.bf16 is None and not self.fp16:
             self.bf16 = is_torch_bf16_gpu_available()
+        if self.num_generations is not None and self.num_generations < 2:
+            raise ValueError(
+                f"`num_generations` must be at least 2, got {self.num_generations}: GRPO's advantage compares each "
+                "completion with the others sampled for the same prompt."
+            )
         super().__post_init__()
 
         if self.joint_mode not in JOINT_MODES:

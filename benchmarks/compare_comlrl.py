@@ -1,0 +1,412 @@
+"""Sample efficiency of multiagent_trl vs the reference library CoMLRL on the story length-ratio task.
+
+Both libraries train the same two agents (the tiny random Qwen2 of `multiagent_trl.testing.tiny_model_path()`, both
+agents starting from the same weights) on the same 10 prompts and joint reward as `examples/story-len-ratio.py`, with
+the same learning rate, num_generations, max_new_tokens, sampling (temperature/top_p/top_k), prompts per optimizer
+step and epochs. Each library runs in a subprocess under its own interpreter, since CoMLRL lives in its own venv:
+
+    python3 -m venv /tmp/comlrl-venv
+    /tmp/comlrl-venv/bin/pip install torch==2.13.0 comlrl==1.4.3 transformers==5.24.0 datasets
+
+Run it (offline, ~10 minutes on 2 CPU cores) from the repository root, with the project's venv active:
+
+    HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python /tmp/comlrl-venv/bin/python
+
+Every joint reward either library computes is recorded (for CoMLRL by wrapping its reward function; for
+multiagent_trl from `trainer.state.log_history['reward']` with `logging_steps=1`, cross-checked against the same
+wrapper). The table gives the mean scaled joint reward (x100) against the number of samples (completions generated
+per agent) seen so far, averaged over seeds, then the area under the curve, the final reward and wall times.
+
+By default the optimizer of multiagent_trl is matched to CoMLRL's plain `torch.optim.AdamW`: constant learning rate,
+weight decay 0.01, no gradient clipping (`--ours-optimizer trl-default` keeps TRL's linear decay, clipping at 1.0 and
+no weight decay instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# The task of examples/story-len-ratio.py (the CoMLRL tutorial), repeated here because the CoMLRL venv cannot
+# import the example (it imports trl and multiagent_trl).
+TRAIN_PROMPTS = [
+    "Describe a city in the clouds:",
+    "Invent a new holiday and explain it:",
+    "Write a bedtime story for a dragon:",
+    "Explain how teleportation might work:",
+    "Tell a joke about dinosaurs:",
+    "Describe a world without electricity:",
+    "Create a superhero with a unique power:",
+    "Write a scene where the moon talks:",
+    "Invent a new type of fruit:",
+    "Design a playground on Mars:",
+]
+REWARD_SCALE = 100.0
+LIBRARIES = ("multiagent_trl", "comlrl")
+DEFAULT_COMLRL_PYTHON = "/tmp/comlrl-venv/bin/python"
+
+
+def proper_length_ratio_reward(completions1, completions2, target_min=2.0, target_max=3.0) -> list[float]:
+    """1.0 when len(second) / len(first) is in [target_min, target_max], exp(-distance) outside; 0 if first is empty."""
+    rewards = []
+    for c1, c2 in zip(completions1, completions2):
+        if len(c1) == 0:
+            rewards.append(0.0)
+            continue
+        ratio = len(c2) / len(c1)
+        if target_min <= ratio <= target_max:
+            rewards.append(1.0)
+        else:
+            distance = target_min - ratio if ratio < target_min else ratio - target_max
+            rewards.append(float(math.exp(-distance)))
+    return rewards
+
+
+class RecordedReward:
+    """The task reward (target band 2-3), recording every raw reward it returns, in call order."""
+
+    def __init__(self) -> None:
+        self.rewards: list[float] = []
+        self.calls = 0
+
+    def __call__(self, completions1, completions2) -> list[float]:
+        rewards = proper_length_ratio_reward(completions1, completions2, target_min=2, target_max=3)
+        self.rewards.extend(rewards)
+        self.calls += 1
+        return rewards
+
+
+@dataclass
+class Settings:
+    """What both libraries share (flags of the same names)."""
+
+    epochs: int = 30
+    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    learning_rate: float = 3e-3
+    num_generations: int = 8
+    max_new_tokens: int = 32
+    rollout_buffer_size: int = 2
+    temperature: float = 0.6
+    top_p: float = 0.6
+    top_k: int = 50
+    ours_optimizer: str = "matched"
+    comlrl_python: str = DEFAULT_COMLRL_PYTHON
+    bin_samples: int = 0  # 0: one epoch (len(TRAIN_PROMPTS) * num_generations)
+    threshold: float = 90.0
+    json_out: str | None = None
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.rollout_buffer_size * self.num_generations
+
+
+# --------------------------------------------------------------------------------------------------------- workers
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str) -> dict:
+    """multiagent_trl: per-step joint rewards from `log_history`, plus every raw reward (cross-check)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, RewardProcessors
+
+    seed_everything(seed)
+    optimizer = (
+        dict(lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=0.0)
+        if settings.ours_optimizer == "matched"
+        else {}
+    )
+    config = MAGRPOConfig(
+        output_dir=output_dir,
+        num_train_epochs=settings.epochs,
+        agent_learning_rate=settings.learning_rate,
+        logging_steps=1,
+        num_agents=2,
+        num_generations=settings.num_generations,
+        num_turns=1,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        rollout_buffer_size=settings.rollout_buffer_size,
+        seed=seed,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        **optimizer,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    agents = [AutoModelForCausalLM.from_pretrained(model_path) for _ in range(2)]
+    reward = RecordedReward()
+    trainer = MAGRPOTrainer(
+        agents=agents,
+        reward_func=reward,
+        reward_processor=RewardProcessors.scale(factor=REWARD_SCALE),
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
+        tokenizer=tokenizer,
+    )
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    step_rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
+    return {"step_rewards": step_rewards, "raw_rewards": reward.rewards, "train_seconds": wall}
+
+
+def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str) -> dict:
+    """CoMLRL: every raw reward its reward function returns (one call per aligned joint sample)."""
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+    from comlrl.utils.reward_processor import RewardProcessors
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    seed_everything(seed)
+    config = MAGRPOConfig(
+        num_train_epochs=settings.epochs,
+        agent_learning_rate=settings.learning_rate,
+        logging_steps=1,
+        num_agents=2,
+        num_generations=settings.num_generations,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        num_turns=1,
+        joint_mode="aligned",
+        eval_interval=0,
+        rollout_buffer_size=settings.rollout_buffer_size,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    agents = [AutoModelForCausalLM.from_pretrained(model_path) for _ in range(2)]
+    reward = RecordedReward()
+    trainer = MAGRPOTrainer(
+        agents=agents,
+        reward_func=reward,
+        reward_processor=RewardProcessors.scale(factor=REWARD_SCALE),
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
+        tokenizer=tokenizer,
+        wandb_config=None,  # no wandb.init; the reward wrapper is the log
+    )
+    trainer.verbose = False  # no tqdm bars (CoMLRL reads this from wandb_config, which must stay None)
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    return {"step_rewards": None, "raw_rewards": reward.rewards, "train_seconds": wall}
+
+
+def run_worker(args: argparse.Namespace, settings: Settings) -> None:
+    train = train_ours if args.worker == "multiagent_trl" else train_comlrl
+    with tempfile.TemporaryDirectory() as output_dir:
+        result = train(settings, args.model_path, args.seed, output_dir)
+    Path(args.out).write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------------------------------------------------- driver
+
+
+def launch(library: str, python: str, settings: Settings, model_path: str, seed: int, workdir: Path) -> dict:
+    """Run one library's training in a subprocess under its own interpreter; return its result with wall time."""
+    out = workdir / f"{library}-seed{seed}.json"
+    log = workdir / f"{library}-seed{seed}.log"
+    command = [python, os.path.abspath(__file__), "--worker", library, "--model-path", model_path,
+               "--seed", str(seed), "--out", str(out), *settings_to_flags(settings)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+    start = time.perf_counter()
+    with log.open("w") as handle:
+        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
+    wall = time.perf_counter() - start
+    if code != 0:
+        tail = "\n".join(log.read_text().splitlines()[-40:])
+        raise RuntimeError(f"{library} (seed {seed}) failed with exit code {code}; log tail:\n{tail}")
+    result = json.loads(out.read_text())
+    result["process_seconds"] = wall
+    return result
+
+
+def per_sample_rewards(library: str, result: dict, settings: Settings) -> list[float]:
+    """Scaled joint reward of every sample in generation order (ours: each step's logged mean, per sample)."""
+    raw = [REWARD_SCALE * r for r in result["raw_rewards"]]
+    if library == "comlrl":
+        return raw
+    step = settings.samples_per_step
+    logged = result["step_rewards"]
+    if len(logged) * step != len(raw):
+        raise RuntimeError(f"multiagent_trl logged {len(logged)} steps but scored {len(raw)} samples")
+    for k, value in enumerate(logged):  # the log and the wrapper must agree
+        hooked = statistics.fmean(raw[k * step:(k + 1) * step])
+        if abs(hooked - value) > 1e-3 * max(1.0, abs(value)):
+            raise RuntimeError(f"multiagent_trl step {k}: logged reward {value} != recorded {hooked}")
+    return [value for value in logged for _ in range(step)]
+
+
+def binned(rewards: list[float], size: int) -> list[float]:
+    return [statistics.fmean(rewards[start:start + size]) for start in range(0, len(rewards), size)]
+
+
+def samples_to_reach(curve: list[float], size: int, threshold: float) -> int | None:
+    """Samples seen at the end of the first bin whose mean reward reaches `threshold`."""
+    return next(((k + 1) * size for k, value in enumerate(curve) if value >= threshold), None)
+
+
+def summarize(curves: list[list[float]], size: int, settings: Settings) -> dict:
+    """Per-seed AUC (mean reward over all samples), final-bin reward and samples to threshold, then seed means."""
+    aucs = [statistics.fmean(curve) for curve in curves]
+    finals = [curve[-1] for curve in curves]
+    reach = [samples_to_reach(curve, size, settings.threshold) for curve in curves]
+    return {"auc": aucs, "final": finals, "reach": reach}
+
+
+def mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:6.1f}"
+    return f"{statistics.fmean(values):6.1f} ± {statistics.stdev(values):4.1f}"
+
+
+def print_report(curves: dict[str, list[list[float]]], results: dict[str, list[dict]], settings: Settings) -> None:
+    size = settings.bin_samples
+    seeds = ", ".join(map(str, settings.seeds))
+    print(f"\nJoint reward (x{REWARD_SCALE:g}) vs samples seen per agent; bins of {size} samples, mean ± std over "
+          f"seeds [{seeds}]")
+    print(f"{'samples':>8} | {'multiagent_trl':>15} | {'comlrl':>15} | {'ours/theirs':>11}")
+    print("-" * 60)
+    bins = min(len(curve) for runs in curves.values() for curve in runs)
+    for k in range(bins):
+        ours = [curve[k] for curve in curves["multiagent_trl"]]
+        theirs = [curve[k] for curve in curves["comlrl"]]
+        ratio = statistics.fmean(ours) / statistics.fmean(theirs) if statistics.fmean(theirs) else float("nan")
+        print(f"{(k + 1) * size:>8} | {mean_std(ours):>15} | {mean_std(theirs):>15} | {ratio:>11.2f}")
+
+    summary = {library: summarize(curves[library], size, settings) for library in LIBRARIES}
+    print("\nSummary (per seed, then mean)")
+    print(f"{'':34} | {'multiagent_trl':>24} | {'comlrl':>24} | {'ours/theirs':>11}")
+    print("-" * 104)
+    for key, label in (("auc", "AUC (mean reward over all samples)"), ("final", "final reward (last bin)")):
+        ours, theirs = summary["multiagent_trl"][key], summary["comlrl"][key]
+        ratio = statistics.fmean(ours) / statistics.fmean(theirs)
+        print(f"{label:34} | {format_seeds(ours):>24} | {format_seeds(theirs):>24} | {ratio:>11.2f}")
+    reach_label = f"samples to reach {settings.threshold:g}"
+    print(f"{reach_label:34} | {format_reach(summary['multiagent_trl']['reach']):>24} | "
+          f"{format_reach(summary['comlrl']['reach']):>24} |")
+    for key, label in (("train_seconds", "train wall time (s)"), ("process_seconds", "process wall time (s)")):
+        ours = [r[key] for r in results["multiagent_trl"]]
+        theirs = [r[key] for r in results["comlrl"]]
+        ratio = statistics.fmean(ours) / statistics.fmean(theirs)
+        print(f"{label:34} | {format_seeds(ours):>24} | {format_seeds(theirs):>24} | {ratio:>11.2f}")
+    total = {library: sum(r["process_seconds"] for r in results[library]) for library in LIBRARIES}
+    print(f"\nTotal wall time: multiagent_trl {total['multiagent_trl']:.0f} s, comlrl {total['comlrl']:.0f} s")
+    if settings.json_out:
+        Path(settings.json_out).write_text(json.dumps(
+            {"settings": asdict(settings), "curves": curves, "summary": summary,
+             "wall": {lib: [{k: r[k] for k in ("train_seconds", "process_seconds")} for r in results[lib]]
+                      for lib in LIBRARIES}}, indent=1))
+        print(f"Results written to {settings.json_out}")
+
+
+def format_seeds(values: list[float]) -> str:
+    return " ".join(f"{v:.1f}" for v in values) + f" | {statistics.fmean(values):.1f}"
+
+
+def format_reach(values: list[int | None]) -> str:
+    return " ".join("never" if v is None else str(v) for v in values)
+
+
+def run_driver(settings: Settings) -> None:
+    from multiagent_trl.testing import tiny_model_path  # our venv builds (and caches) the shared model folder
+
+    if not Path(settings.comlrl_python).exists():
+        sys.exit(f"CoMLRL interpreter {settings.comlrl_python} not found; see the install lines in the docstring.")
+    model_path = tiny_model_path()
+    if settings.bin_samples <= 0:
+        settings.bin_samples = len(TRAIN_PROMPTS) * settings.num_generations
+    pythons = {"multiagent_trl": sys.executable, "comlrl": settings.comlrl_python}
+    print(f"Model: {model_path}\nSettings: {json.dumps(asdict(settings))}", flush=True)
+    curves: dict[str, list[list[float]]] = {library: [] for library in LIBRARIES}
+    results: dict[str, list[dict]] = {library: [] for library in LIBRARIES}
+    with tempfile.TemporaryDirectory() as workdir:
+        for seed in settings.seeds:
+            for library in LIBRARIES:
+                result = launch(library, pythons[library], settings, model_path, seed, Path(workdir))
+                rewards = per_sample_rewards(library, result, settings)
+                curves[library].append(binned(rewards, settings.bin_samples))
+                results[library].append(result)
+                print(f"  {library:15} seed {seed}: {len(rewards)} samples per agent, mean reward "
+                      f"{statistics.fmean(rewards):.1f}, {result['process_seconds']:.0f} s", flush=True)
+    print_report(curves, results, settings)
+
+
+# ----------------------------------------------------------------------------------------------------------- flags
+
+
+def settings_to_flags(settings: Settings) -> list[str]:
+    """The shared flags, to hand the same settings to a worker."""
+    flags = []
+    for key, value in asdict(settings).items():
+        if key in ("seeds", "json_out", "comlrl_python"):
+            continue
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    return flags
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Settings]:
+    defaults = Settings()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=defaults.epochs, help="Training epochs (passes over 10 prompts).")
+    parser.add_argument("--seeds", type=int, nargs="+", default=defaults.seeds, help="Seeds, each run per library.")
+    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
+    parser.add_argument("--num-generations", type=int, default=defaults.num_generations)
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    parser.add_argument("--rollout-buffer-size", type=int, default=defaults.rollout_buffer_size,
+                        help="Prompts per optimizer step.")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature)
+    parser.add_argument("--top-p", type=float, default=defaults.top_p)
+    parser.add_argument("--top-k", type=int, default=defaults.top_k)
+    parser.add_argument("--ours-optimizer", choices=("matched", "trl-default"), default=defaults.ours_optimizer,
+                        help="'matched': constant LR, weight decay 0.01, no clipping, like CoMLRL's AdamW.")
+    parser.add_argument("--comlrl-python", default=defaults.comlrl_python, help="Interpreter of the CoMLRL venv.")
+    parser.add_argument("--bin-samples", type=int, default=defaults.bin_samples,
+                        help="Samples per table row; 0 means one epoch.")
+    parser.add_argument("--threshold", type=float, default=defaults.threshold,
+                        help="Report the samples needed for a bin mean reward of at least this.")
+    parser.add_argument("--json-out", default=None, help="Also write curves and summary to this JSON file.")
+    # Internal: run one library's training (in that library's interpreter).
+    parser.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
+    parser.add_argument("--model-path", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    fields = {key: getattr(args, key) for key in asdict(defaults)}
+    return args, Settings(**fields)
+
+
+def main() -> None:
+    args, settings = parse_args()
+    if args.worker:
+        run_worker(args, settings)
+    else:
+        run_driver(settings)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Bad input fails early, with a message that names the argument and the fix."""
+
+import math
+
+import pytest
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig
+
+from multiagent_trl import MAGRPOConfig, MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+from .conftest import small_args
+
+
+def good_reward(completions1, completions2):
+    return [0.0] * len(completions1)
+
+
+def three_way(completions1, completions2, completions3):
+    return [0.0] * len(completions1)
+
+
+def no_completions(threshold=0.5):
+    return []
+
+
+def build(tmp_path, tiny_path, dataset, **overrides):
+    kwargs = dict(model=tiny_path, reward_funcs=good_reward, args=small_args(tmp_path, num_agents=2))
+    kwargs.update(overrides)
+    return MultiAgentGRPOTrainer(train_dataset=dataset, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        (dict(reward_funcs=three_way), TypeError, "takes 3 completion arguments .* but there are 2 agents"),
+        (dict(reward_funcs=no_completions), TypeError, "'no_completions' fits neither reward convention"),
+        (dict(reward_funcs=None), ValueError, "Pass a joint reward function"),
+        (dict(formatters=[str, str, str]), ValueError, "3 formatters were given for 2 agents"),
+        (dict(reward_func=good_reward), ValueError, "either `reward_funcs` or its CoMLRL name `reward_func`"),
+    ],
+)
+def test_construction_errors(tmp_path, tiny_path, prompts_dataset, overrides, error, message):
+    with pytest.raises(error, match=message):
+        build(tmp_path, tiny_path, prompts_dataset, **overrides)
+
+
+def test_agents_and_num_agents_must_agree(tmp_path, tiny_path, prompts_dataset):
+    with pytest.raises(ValueError, match=r"3 agents were given but `num_agents=2`"):
+        build(tmp_path, tiny_path, prompts_dataset, model=None, agents=[tiny_path] * 3)
+
+
+def test_one_model_object_cannot_be_several_agents(tmp_path, tiny_path, prompts_dataset):
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with pytest.raises(ValueError, match="One model object was given with `num_agents=2`"):
+        build(tmp_path, tiny_path, prompts_dataset, model=model)
+    with pytest.raises(ValueError, match="must not share weights"):
+        build(tmp_path, tiny_path, prompts_dataset, model=[model, model])
+
+
+def test_number_of_tokenizers_must_match(tmp_path, tiny_path, prompts_dataset):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    with pytest.raises(ValueError, match=r"3 tokenizers \(`processing_class`/`tokenizer`\) were given for 2 agents"):
+        build(tmp_path, tiny_path, prompts_dataset, tokenizer=[tokenizer] * 3)
+
+
+def test_dataset_needs_a_prompt_column_or_formatters(tmp_path, tiny_path):
+    dataset = Dataset.from_dict({"question": ["What is 2+2?"] * 8})
+    with pytest.raises(ValueError, match=r"`train_dataset` has no 'prompt' column .* pass `formatters=`"):
+        build(tmp_path, tiny_path, dataset)
+    build(tmp_path, tiny_path, dataset, formatters=lambda row: row["question"])  # the fix works
+
+
+def test_grpo_config_is_refused_with_the_fix(tmp_path, tiny_path, prompts_dataset):
+    args = GRPOConfig(output_dir=str(tmp_path), bf16=False)
+    with pytest.raises(TypeError, match="replace `GRPOConfig\\(` with `MultiAgentGRPOConfig\\(`"):
+        build(tmp_path, tiny_path, prompts_dataset, args=args)
+
+
+@pytest.mark.parametrize(
+    "config_kwargs, error, message",
+    [
+        (dict(num_generations=1), ValueError, "`num_generations` must be at least 2"),
+        (dict(joint_mode="pairwise"), ValueError, r"`joint_mode` must be one of \('aligned', 'cross'\)"),
+        (dict(num_agents=2, agent_learning_rates=[1e-3]), ValueError, "1 values but `num_agents` is 2"),
+        (dict(use_vllm=True), NotImplementedError, "use_vllm"),
+    ],
+)
+def test_config_errors(tmp_path, config_kwargs, error, message):
+    with pytest.raises(error, match=message):
+        MultiAgentGRPOConfig(output_dir=str(tmp_path), **config_kwargs)
+
+
+@pytest.mark.parametrize(
+    "config_kwargs, message",
+    [(dict(num_turns=2), "`num_turns=2`: multi-turn"), (dict(advantage_mode="rloo"), "advantage_mode='rloo'")],
+)
+def test_magrpo_unsupported_fields_are_not_ignored(tmp_path, config_kwargs, message):
+    with pytest.raises(NotImplementedError, match=message):
+        MAGRPOConfig(output_dir=str(tmp_path), **config_kwargs)
+
+
+@pytest.mark.parametrize(
+    "returned, error, message",
+    [
+        (lambda n: [0.0] * (n - 1), ValueError, r"'bad_reward' returned 7 rewards but 8 joint samples"),
+        (lambda n: [math.nan] * n, ValueError, r"'bad_reward' returned nan for joint sample 0"),
+        (lambda n: ["great"] * n, TypeError, r"'bad_reward' returned 'great'"),
+    ],
+)
+def test_bad_reward_values_fail_at_the_first_step(tmp_path, tiny_path, prompts_dataset, returned, error, message):
+    def bad_reward(completions1, completions2):
+        return returned(len(completions1))
+
+    trainer = build(tmp_path, tiny_path, prompts_dataset, reward_funcs=bad_reward)
+    with pytest.raises(error, match=message):
+        trainer.train()
