@@ -70,7 +70,7 @@ TRAIN_PROMPTS = [
 
 
 def proper_length_ratio_reward(completions1, completions2, target_min=2.0, target_max=3.0):
-    """1.0 when len(second) / len(first) is in [target_min, target_max], exp(-distance) outside; 0 if first is empty."""
+    """1.0 when len(second) / len(first) is in [target_min, target_max], else exp(-distance); 0 if first is empty."""
     rewards = []
     for c1, c2 in zip(completions1, completions2):
         len1, len2 = len(c1), len(c2)
@@ -90,8 +90,10 @@ def proper_length_ratio_reward(completions1, completions2, target_min=2.0, targe
 def main(script_args: ScriptArguments) -> MAGRPOTrainer:
     model_name = tiny_model_path() if script_args.model == "tiny" else script_args.model
     defaults = DEFAULTS["tiny" if script_args.model == "tiny" else "pretrained"]
-    setting = {key: getattr(script_args, key) if getattr(script_args, key) is not None else value
-               for key, value in defaults.items()}
+    setting = {
+        key: getattr(script_args, key) if getattr(script_args, key) is not None else value
+        for key, value in defaults.items()
+    }
 
     # Dataset: creative prompts, the same for both agents.
     train_dataset = Dataset.from_dict({"prompt": TRAIN_PROMPTS})

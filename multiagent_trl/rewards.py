@@ -52,7 +52,8 @@ def reward_style(func: Callable, num_agents: int) -> str:
     if positional:
         raise TypeError(
             f"Reward function '{name}' takes {len(positional)} completion arguments "
-            f"({', '.join(p.name for p in positional)}) but there are {num_agents} agents. A CoMLRL-style reward takes "
+            f"({', '.join(p.name for p in positional)}) but there are {num_agents} agents. A CoMLRL-style reward "
+            "takes "
             f"one list of completions per agent: f(completions1, ..., completions{num_agents}); or use the TRL style "
             "f(prompts, completions, **kwargs)."
         )
@@ -238,4 +239,3 @@ def cross_credit(rewards: torch.Tensor, num_generations: int, num_agents: int, a
     other_dims = [1 + a for a in range(num_agents) if a != agent]
     credit = torch.nanmean(grid, dim=other_dims) if other_dims else grid  # (B, G, F)
     return credit.reshape(-1, num_funcs)
-

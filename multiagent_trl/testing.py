@@ -64,7 +64,7 @@ def tiny_model_path(architecture: str = "tiny", seed: int = 0) -> str:
     """Build (once) and return the folder of a tiny causal LM with its tokenizer, saved like a hub model.
 
     Args:
-        architecture: `"tiny"` (Qwen2, about 60k parameters) or `"tiny-llama"` (Llama, a different size), for
+        architecture: `"tiny"` (Qwen2, about 90k parameters) or `"tiny-llama"` (Llama, a different size), for
             heterogeneous teams.
         seed: Seed of the random initial weights; different seeds give different models.
 

@@ -104,20 +104,21 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     Example:
 
     ```python
-    >>> from datasets import Dataset
-    >>> from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
-    >>> from multiagent_trl.testing import tiny_model_path
+    from datasets import Dataset
+    from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    from multiagent_trl.testing import tiny_model_path
 
-    >>> def ratio_reward(completions1, completions2):
-    ...     return [min(len(b) / max(len(a), 1), 3.0) for a, b in zip(completions1, completions2)]
+    def ratio_reward(completions1, completions2):
+        return [min(len(b) / max(len(a), 1), 3.0) for a, b in zip(completions1, completions2)]
 
-    >>> trainer = MultiAgentGRPOTrainer(
-    ...     model=tiny_model_path(),
-    ...     reward_funcs=ratio_reward,
-    ...     args=MultiAgentGRPOConfig(output_dir="out", num_agents=2, max_steps=1, max_completion_length=8),
-    ...     train_dataset=Dataset.from_dict({"prompt": ["Tell a story:"] * 8}),
-    ... )
-    >>> trainer.train()  # doctest: +SKIP
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_model_path(),  # or "Qwen/Qwen2.5-0.5B", or a list of models, one per agent
+        reward_funcs=ratio_reward,
+        args=MultiAgentGRPOConfig(output_dir="out", num_agents=2, max_steps=10),
+        train_dataset=Dataset.from_dict({"prompt": ["Tell a story:"] * 8}),
+    )
+    trainer.train()
+    trainer.save_model("out/final")  # out/final/agent_0/, out/final/agent_1/
     ```
     """
 
@@ -147,13 +148,16 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         reward_funcs = _one_of("reward_funcs", reward_funcs, "reward_func", reward_func)
         processing_class = _one_of("processing_class", processing_class, "tokenizer", tokenizer)
         if model is None:
-            raise ValueError("Pass the agents: `model=` (an id, a path, a model, or a list of them) or `agents=[...]`.")
+            raise ValueError(
+                "Pass the agents: `model=` (an id, a path, a model, or a list of them) or `agents=[...]`."
+            )
         if args is None:
             args = MultiAgentGRPOConfig(output_dir="multiagent-grpo-output")
         elif not isinstance(args, MultiAgentGRPOConfig):
             raise TypeError(
                 f"`args` is a {type(args).__name__}; MultiAgentGRPOTrainer needs a MultiAgentGRPOConfig (or "
-                "MAGRPOConfig), which takes every GRPOConfig field: replace `GRPOConfig(` with `MultiAgentGRPOConfig(`."
+                "MAGRPOConfig), which takes every GRPOConfig field: replace `GRPOConfig(` with "
+                "`MultiAgentGRPOConfig(`."
             )
         if kwargs.get("peft_config") is not None:
             raise NotImplementedError("`peft_config` (one LoRA adapter per agent) is not supported yet.")
@@ -290,7 +294,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     @staticmethod
     def _bind_reward_funcs(reward_funcs, num_agents: int) -> list:
         if reward_funcs is None:
-            raise ValueError("Pass a joint reward function: `reward_funcs=` (TRL name) or `reward_func=` (CoMLRL name).")
+            raise ValueError(
+                "Pass a joint reward function: `reward_funcs=` (TRL name) or `reward_func=` (CoMLRL name)."
+            )
         funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         bound = []
         for func in funcs:
@@ -315,7 +321,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         eos_token_ids = model.generation_config.eos_token_id
-        eos_token_ids = [] if eos_token_ids is None else [eos_token_ids] if isinstance(eos_token_ids, int) else eos_token_ids
+        eos_token_ids = (
+            [] if eos_token_ids is None else [eos_token_ids] if isinstance(eos_token_ids, int) else eos_token_ids
+        )
         if tokenizer.eos_token_id not in eos_token_ids:
             eos_token_ids = [tokenizer.eos_token_id, *eos_token_ids]
         if self.args.disable_dropout:
@@ -423,8 +431,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # 3. TRL's own scoring per agent: advantages, old/ref log-probs, metrics.
         outputs = []
         for i in range(self.num_agents):
-            with self._agent_view(i), self._swap(
-                _replay=(rollouts[i], credited[i]), reward_func_names=names, reward_weights=weights
+            with (
+                self._agent_view(i),
+                self._swap(_replay=(rollouts[i], credited[i]), reward_func_names=names, reward_weights=weights),
             ):
                 outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
 
@@ -482,10 +491,13 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         advantages = [gather(output["advantages"]).tolist() for output in outputs]
         if self.args.joint_mode == "cross" and self.num_agents > 1:
             # Show the aligned tuple (j, ..., j) of each group, one of the scored tuples.
-            group = self.num_generations ** self.num_agents
+            group = self.num_generations**self.num_agents
             g = self.num_generations
-            diagonal = [b * group + sum(k * g ** (self.num_agents - 1 - a) for a in range(self.num_agents))
-                        for b in range(len(prompts) // g) for k in range(g)]
+            diagonal = [
+                b * group + sum(k * g ** (self.num_agents - 1 - a) for a in range(self.num_agents))
+                for b in range(len(prompts) // g)
+                for k in range(g)
+            ]
             rewards_per_func = rewards_per_func[diagonal]
         self._logs["prompt"].extend(prompts)
         if self.num_agents == 1:
@@ -606,7 +618,9 @@ def _per_agent(name: str, value, num_agents: int) -> list | None:
         return [value] * num_agents
     values = list(value)
     if len(values) != num_agents:
-        raise ValueError(f"{len(values)} {name} were given for {num_agents} agents: pass one for all, or one per agent.")
+        raise ValueError(
+            f"{len(values)} {name} were given for {num_agents} agents: pass one for all, or one per agent."
+        )
     return values
 
 

@@ -12,8 +12,18 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_story_len_ratio_example_runs_offline(tmp_path):
     out = tmp_path / "story"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "story-len-ratio.py"), "--model", "tiny", "--max-steps", "2",
-         "--output-dir", str(out), "--logging-steps", "1"],
+        [
+            sys.executable,
+            str(ROOT / "examples" / "story-len-ratio.py"),
+            "--model",
+            "tiny",
+            "--max-steps",
+            "2",
+            "--output-dir",
+            str(out),
+            "--logging-steps",
+            "1",
+        ],
         capture_output=True,
         text=True,
         timeout=600,

@@ -101,7 +101,9 @@ def test_bound_async_reward_stays_async():
 
 
 def test_processors_compose_left_to_right():
-    p = RewardProcessors.compose(RewardProcessors.scale(100.0), RewardProcessors.shift(-50.0), RewardProcessors.clip(0))
+    p = RewardProcessors.compose(
+        RewardProcessors.scale(100.0), RewardProcessors.shift(-50.0), RewardProcessors.clip(0)
+    )
     assert [p(x) for x in (0.25, 0.75)] == [0.0, 25.0]
     assert RewardProcessors.scale(2.0).then(lambda r: r**2)(3.0) == 36.0
     processed = apply_processor(RewardProcessors.scale(10.0), torch.tensor([1.0, math.nan, -2.0]))

@@ -1,8 +1,6 @@
-"""The CoMLRL tutorial (../shared/reference/story-len-ratio.md) runs with only its import lines and model name changed."""
+"""The CoMLRL tutorial (shared/reference/story-len-ratio.md) runs with only its imports and model name changed."""
 
 from pathlib import Path
-
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 def test_tutorial_code_runs_unchanged(tmp_path, monkeypatch, tiny_path):
