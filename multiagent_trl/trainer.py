@@ -220,7 +220,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if self.place_model_on_device and not self.is_model_parallel:
             self._move_model_to_device(team, self.args.device)
         self.model = self.model_wrapped = self.callback_handler.model = team
-        self._replay = None  # (rollout, credited rewards) of the agent being scored, see `_score_agent`
+        self._replay = None  # (rollout, credited rewards) replayed to TRL, see `_generate_and_score_completions`
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -379,7 +379,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def _agent_view(self, index: int) -> Iterator[None]:
         """Run TRL code as if agent `index` were the only policy: its tokenizer, generation config, reference model
         and metric buffers are swapped in, and the team routes `forward`/`generate` to it."""
-        with self._swap(**self._agent_views[index]), self.accelerator.unwrap_model(self.model).use(index):
+        with self._swap(**self._agent_views[index]), self.model.use(index):
             yield
 
     def agent_metric_prefix(self, index: int) -> str:
@@ -400,12 +400,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return [{**row, "prompt": formatter(row)} for row in inputs]
 
     def _generate(self, prompts: list):
-        if self._replay is not None:  # inside `_score_agent`: the agent already generated
+        if self._replay is not None:  # step 3 of `_generate_and_score_completions`: the agent already generated
             return self._replay[0]
         return super()._generate(prompts)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        if self._replay is not None:  # inside `_score_agent`: the credited joint rewards, already gathered
+        if self._replay is not None:  # step 3 of `_generate_and_score_completions`: credited, already gathered
             return self._replay[1]
         return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
@@ -437,7 +437,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             ):
                 outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
 
-        self._log_joint_samples(agent_inputs, rollouts, rewards_per_func, outputs)
+        self._log_joint_samples(agent_inputs, rollouts, rewards_per_func, outputs, num_generations)
         return {f"agent_{i}/{key}": value for i, output in enumerate(outputs) for key, value in output.items()}
 
     def _joint_rewards(self, inputs, agent_inputs, rollouts, num_generations) -> torch.Tensor:
@@ -484,20 +484,16 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             return rewards_per_func, self.reward_func_names, self.reward_weights
         return joint.unsqueeze(1), ["reward"], torch.ones(1)
 
-    def _log_joint_samples(self, agent_inputs, rollouts, rewards_per_func, outputs) -> None:
+    def _log_joint_samples(self, agent_inputs, rollouts, rewards_per_func, outputs, num_generations) -> None:
         """Fill the completions table: one row per aligned joint sample, the agents' completions side by side."""
         prompts = gather_object([row["prompt"] for row in agent_inputs[0]])
         completions = [gather_object(rollout[3]) for rollout in rollouts]
         advantages = [gather(output["advantages"]).tolist() for output in outputs]
         if self.args.joint_mode == "cross" and self.num_agents > 1:
-            # Show the aligned tuple (j, ..., j) of each group, one of the scored tuples.
-            group = self.num_generations**self.num_agents
-            g = self.num_generations
-            diagonal = [
-                b * group + sum(k * g ** (self.num_agents - 1 - a) for a in range(self.num_agents))
-                for b in range(len(prompts) // g)
-                for k in range(g)
-            ]
+            # Show the aligned tuple (k, ..., k) of each group, one of the scored tuples. In `cross_tuples` order it
+            # sits at index sum_a k * G**a = k * (G**N - 1) / (G - 1) of its group.
+            g, group = num_generations, num_generations**self.num_agents
+            diagonal = [b * group + k * (group - 1) // (g - 1) for b in range(len(prompts) // g) for k in range(g)]
             rewards_per_func = rewards_per_func[diagonal]
         self._logs["prompt"].extend(prompts)
         if self.num_agents == 1:

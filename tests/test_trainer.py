@@ -128,13 +128,14 @@ def test_evaluation_logs_joint_and_per_agent_metrics(tmp_path, tiny_path, prompt
         assert key in metrics, key
 
 
-def test_completions_table_shows_agents_side_by_side(tmp_path, tiny_path, prompts_dataset):
+@pytest.mark.parametrize("joint_mode", ["aligned", "cross"])
+def test_completions_table_shows_agents_side_by_side(tmp_path, tiny_path, prompts_dataset, joint_mode):
     import pandas as pd
 
     trainer = MultiAgentGRPOTrainer(
         model=tiny_path,
         reward_funcs=length_ratio,
-        args=small_args(tmp_path, num_agents=2, log_completions=True, max_steps=1),
+        args=small_args(tmp_path, num_agents=2, log_completions=True, max_steps=1, joint_mode=joint_mode),
         train_dataset=prompts_dataset,
     )
     trainer.train()
@@ -142,7 +143,6 @@ def test_completions_table_shows_agents_side_by_side(tmp_path, tiny_path, prompt
     assert len(table) == 8
     for column in ("prompt", "completion", "length_ratio", "advantage", "agent_0/completion", "agent_1/advantage"):
         assert column in table.columns, column
-    row = table.iloc[0]
-    expected = length_ratio([row["agent_0/completion"]], [row["agent_1/completion"]])[0]
-    assert row["length_ratio"] == pytest.approx(expected, rel=1e-6)  # stored as float32
-    assert row["completion"].startswith("[agent_0] ")
+    expected = length_ratio(list(table["agent_0/completion"]), list(table["agent_1/completion"]))
+    assert list(table["length_ratio"]) == pytest.approx(expected, rel=1e-6)  # each row's own tuple (float32)
+    assert table["completion"][0].startswith("[agent_0] ")
