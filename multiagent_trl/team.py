@@ -1,26 +1,37 @@
 """The N agent policies as one `torch.nn.Module`.
 
 The HF `Trainer`, Accelerate, DDP, FSDP and DeepSpeed each expect one model: one `prepare`, one optimizer, one
-state dict. `AgentTeam` is that model. It holds the agents under `agents.0`, `agents.1`, ... and routes `forward`
-and `generate` to the *active* agent, chosen with `team.use(i)`. Routing inside `forward` (rather than calling an
-agent directly) keeps DDP's gradient hooks in the path when the team is wrapped.
+state dict. A team is that model. `forward` and `generate` run the *active* agent, chosen with `team.use(i)`;
+routing inside `forward` (rather than calling an agent directly) keeps DDP's gradient hooks in the path when the
+team is wrapped.
+
+Two kinds, one interface (`use`, `agent_parameters`, `save_agent`, `load_agent`):
+
+- `AgentTeam`: separate models (`agents.0`, `agents.1`, ...), of any sizes and architectures, each optionally a
+  `PeftModel` with its own adapter.
+- `LoraAgentTeam`: one base model wrapped by PEFT with one LoRA adapter per agent (`agent_0`, `agent_1`, ...): one
+  base in memory, and the reference policy for free (the base with adapters disabled).
 """
 
 from __future__ import annotations
 
+import copy
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
+from peft import PeftModel, set_peft_model_state_dict
+from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel
 
 
 class AgentTeam(nn.Module):
-    """N causal language models trained together; `forward` and `generate` run the active agent.
+    """N separate causal language models trained together; `forward` and `generate` run the active agent.
 
     Args:
-        agents: One model per agent. Different sizes and architectures are allowed.
+        agents: One model per agent (a `PreTrainedModel`, or a `PeftModel` wrapping one).
 
     Example:
         >>> from transformers import AutoModelForCausalLM
@@ -31,79 +42,217 @@ class AgentTeam(nn.Module):
         1
     """
 
-    def __init__(self, agents: Sequence[PreTrainedModel]):
+    def __init__(self, agents: Sequence[PreTrainedModel | PeftModel]):
         super().__init__()
         if len(agents) == 0:
-            raise ValueError("AgentTeam needs at least one agent.")
+            raise ValueError("A team needs at least one agent.")
         self.agents = nn.ModuleList(agents)
         self.active = 0
 
-    def __len__(self) -> int:
+    @property
+    def num_agents(self) -> int:
         return len(self.agents)
 
     @contextmanager
-    def use(self, index: int) -> Iterator[PreTrainedModel]:
+    def use(self, index: int) -> Iterator[None]:
         """Make agent `index` the one that `forward` and `generate` run, for the duration of the block."""
-        if not 0 <= index < len(self.agents):
-            raise IndexError(f"Agent index {index} is out of range for a team of {len(self.agents)} agents.")
+        if not 0 <= index < self.num_agents:
+            raise IndexError(f"Agent index {index} is out of range for a team of {self.num_agents} agents.")
         previous, self.active = self.active, index
         try:
-            yield self.agents[index]
+            yield
         finally:
             self.active = previous
+
+    def active_model(self) -> nn.Module:
+        """The module that runs the active agent."""
+        return self.agents[self.active]
+
+    def models(self) -> list[nn.Module]:
+        """The distinct underlying models (one per agent here; one shared base for a LoRA team)."""
+        return list(self.agents)
 
     def agent_parameters(self, index: int) -> list[nn.Parameter]:
         """The trainable parameters of agent `index`."""
         return [p for p in self.agents[index].parameters() if p.requires_grad]
 
+    def save_agent(self, index: int, directory: str, state_dict: dict | None = None, merged: bool = False) -> None:
+        """Save agent `index` to `directory`, loadable with `from_pretrained` (PEFT's, for an adapter); with
+        `merged=True`, an adapter agent is also saved merged into its base, to `directory/merged`."""
+        agent = self.agents[index]
+        if state_dict is not None:  # gathered by an engine (FSDP, DeepSpeed) for the whole team
+            prefix = f"agents.{index}."
+            state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        agent.save_pretrained(directory, state_dict=state_dict)
+        if merged and isinstance(agent, PeftModel):
+            copy.deepcopy(agent).merge_and_unload().save_pretrained(os.path.join(directory, "merged"))
+
+    def load_agent(self, index: int, directory: str) -> None:
+        """Load agent `index`'s weights from a folder written by `save_agent` (resuming a checkpoint)."""
+        agent = self.agents[index]
+        if isinstance(agent, PeftModel):
+            _load_adapter(agent, directory, "default")
+        else:
+            loaded = type(agent).from_pretrained(directory, dtype=agent.dtype)
+            agent.load_state_dict(loaded.state_dict())
+
     def forward(self, *args, **kwargs):
-        return self.agents[self.active](*args, **kwargs)
+        return self.active_model()(*args, **kwargs)
 
     @torch.no_grad()
     def generate(self, *args, **kwargs):
-        return self.agents[self.active].generate(*args, **kwargs)
+        return self.active_model().generate(*args, **kwargs)
 
-    # What Trainer and TRL read from "the model" is the active agent's.
+    # What Trainer, TRL and PEFT helpers read from "the model" is the active agent's.
     @property
     def config(self):
-        return self.agents[self.active].config
+        return self.active_model().config
 
     @property
     def generation_config(self):
-        return self.agents[self.active].generation_config
+        return self.active_model().generation_config
 
     @generation_config.setter
     def generation_config(self, value):
-        self.agents[self.active].generation_config = value
+        self.active_model().generation_config = value
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.agents[self.active].dtype
+        return self.active_model().dtype
 
-    # Activation (gradient) checkpointing applies to every agent; transformers 5 calls the `activation_*` names,
+    @property
+    def peft_config(self) -> dict:
+        return getattr(self.active_model(), "peft_config", {})
+
+    def disable_adapter(self):
+        """Run the active agent without its adapter (its reference policy), as `PeftModel.disable_adapter`."""
+        return self.active_model().disable_adapter()
+
+    # Activation (gradient) checkpointing applies to every model; transformers 5 calls the `activation_*` names,
     # TRL the `gradient_*` ones.
     @property
     def is_activation_checkpointing(self) -> bool:
-        return any(getattr(agent, "is_activation_checkpointing", False) for agent in self.agents)
+        return any(getattr(model, "is_activation_checkpointing", False) for model in self.models())
 
     is_gradient_checkpointing = is_activation_checkpointing
 
     def activation_checkpointing_enable(self, *args, **kwargs) -> None:
-        for agent in self.agents:
-            agent.activation_checkpointing_enable(*args, **kwargs)
+        for model in self.models():
+            model.activation_checkpointing_enable(*args, **kwargs)
 
     def activation_checkpointing_disable(self) -> None:
-        for agent in self.agents:
-            agent.activation_checkpointing_disable()
+        for model in self.models():
+            model.activation_checkpointing_disable()
 
     def gradient_checkpointing_enable(self, *args, **kwargs) -> None:
-        for agent in self.agents:
-            agent.gradient_checkpointing_enable(*args, **kwargs)
+        for model in self.models():
+            model.gradient_checkpointing_enable(*args, **kwargs)
 
     def gradient_checkpointing_disable(self) -> None:
-        for agent in self.agents:
-            agent.gradient_checkpointing_disable()
+        for model in self.models():
+            model.gradient_checkpointing_disable()
 
     def enable_input_require_grads(self) -> None:
-        for agent in self.agents:
-            agent.enable_input_require_grads()
+        for model in self.models():
+            model.enable_input_require_grads()
+
+
+class LoraAgentTeam(AgentTeam):
+    """N agents as N LoRA adapters (`agent_0`, ...) on one shared, frozen base model.
+
+    Each forward switches PEFT to the active agent's adapter. PEFT's `set_adapter` (and leaving `disable_adapter`)
+    freezes every other adapter, which would silently drop them from the optimizer and from backward; the team
+    keeps all agents' adapters trainable. PEFT's active adapter stays at the last forward's, so that activation
+    checkpointing recomputes with the right adapter during that agent's backward.
+
+    Args:
+        model: A `PeftModel` holding one adapter per name in `adapter_names`.
+        adapter_names: The agents' adapter names, in agent order.
+    """
+
+    def __init__(self, model: PeftModel, adapter_names: Sequence[str]):
+        nn.Module.__init__(self)
+        missing = [name for name in adapter_names if name not in model.peft_config]
+        if missing:
+            raise ValueError(f"The PEFT model has no adapter named {missing}; it has {list(model.peft_config)}.")
+        self.peft_model = model
+        self.adapter_names = list(adapter_names)
+        self.active = 0
+        self._batch_adapter_names: list[str] | None = None
+        self._set_trainable()
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.adapter_names)
+
+    def _set_trainable(self) -> None:
+        self.peft_model.set_requires_grad(self.adapter_names, requires_grad=True)
+
+    def active_model(self) -> PeftModel:
+        name = self.adapter_names[self.active]
+        if self.peft_model.active_adapter != name:
+            self.peft_model.set_adapter(name)
+        if torch.is_grad_enabled():
+            self._set_trainable()
+        return self.peft_model
+
+    def models(self) -> list[nn.Module]:
+        return [self.peft_model]
+
+    def agent_parameters(self, index: int) -> list[nn.Parameter]:
+        marker = f".{self.adapter_names[index]}."
+        return [p for name, p in self.peft_model.named_parameters() if marker in name]
+
+    @contextmanager
+    def mixed_batch(self, rows_per_agent: Sequence[int]) -> Iterator[None]:
+        """Generate for all agents in one call: row r of the batch uses the adapter of the agent it belongs to.
+
+        PEFT refuses mixed-adapter batches in training mode, so generation inside the block runs in eval mode.
+        """
+        self._batch_adapter_names = [name for name, n in zip(self.adapter_names, rows_per_agent) for _ in range(n)]
+        try:
+            yield
+        finally:
+            self._batch_adapter_names = None
+
+    @torch.no_grad()
+    def generate(self, *args, **kwargs):
+        if self._batch_adapter_names is None:
+            return self.active_model().generate(*args, **kwargs)
+        was_training = self.peft_model.training
+        self.peft_model.eval()
+        try:
+            return self.peft_model.generate(*args, adapter_names=self._batch_adapter_names, **kwargs)
+        finally:
+            self.peft_model.train(was_training)
+
+    def save_agent(self, index: int, directory: str, state_dict: dict | None = None, merged: bool = False) -> None:
+        """Save agent `index`'s adapter to `directory` (`PeftModel.from_pretrained(base, directory)` loads it);
+        with `merged=True`, also a full model with the adapter merged in, to `directory/merged`."""
+        name = self.adapter_names[index]
+        # PEFT writes a non-default adapter into a subfolder named after it: save next to `directory` so that the
+        # subfolder is `directory` itself.
+        parent, leaf = os.path.split(os.path.abspath(directory))
+        if leaf != name:
+            raise ValueError(f"Adapter '{name}' must be saved to a folder named '{name}', got {directory}.")
+        self.peft_model.save_pretrained(parent, selected_adapters=[name])
+        if merged:
+            model = copy.deepcopy(self.peft_model)
+            model.set_adapter(name)
+            model.merge_and_unload(adapter_names=[name]).save_pretrained(os.path.join(directory, "merged"))
+
+    def load_agent(self, index: int, directory: str) -> None:
+        _load_adapter(self.peft_model, directory, self.adapter_names[index])
+        self._set_trainable()
+
+
+def _load_adapter(model: PeftModel, directory: str, adapter_name: str) -> None:
+    weights = os.path.join(directory, "adapter_model.safetensors")
+    if not os.path.isfile(weights):
+        raise FileNotFoundError(f"No adapter weights at {weights}.")
+    result = set_peft_model_state_dict(model, load_file(weights), adapter_name=adapter_name)
+    if result.unexpected_keys:
+        raise ValueError(
+            f"Adapter weights in {directory} do not fit adapter '{adapter_name}': "
+            f"unexpected keys {result.unexpected_keys[:3]}..."
+        )

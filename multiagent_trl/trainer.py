@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather, gather_object
 from datasets import Dataset, IterableDataset
+from peft import PeftConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoProcessor, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 from transformers.trainer import TRAINING_ARGS_NAME
@@ -34,7 +35,7 @@ from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable
 
 from .config import MultiAgentGRPOConfig
 from .rewards import apply_processor, bind_reward, cross_credit, cross_tuples
-from .team import AgentTeam
+from .team import AgentTeam, LoraAgentTeam
 
 # Trainer attributes that belong to one agent; `_agent_view(i)` swaps agent i's values in.
 AGENT_ATTRIBUTES = (
@@ -60,8 +61,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     - `_generate_and_score_completions`: every agent generates, then the joint reward is computed once and TRL's
       own method runs per agent on the credited rewards (see the module docstring).
-    - `_generate`, `_calculate_rewards`: replay what was computed jointly, inside the per-agent pass.
-    - `_compute_loss`: the sum of the agents' own GRPO losses.
+    - `_generate`, `_generate_single_turn`, `_calculate_rewards`: replay what was computed jointly (or generated
+      for all LoRA agents in one batch), inside the per-agent pass.
+    - `_compute_loss`: the sum of the agents' own GRPO losses, with one backward per agent.
     - `create_optimizer`, `_clip_grad_norm`: one parameter group per agent (per-agent learning rates) and gradient
       clipping per agent, so one agent's large gradient does not shrink another's update.
     - `log`: per-agent metrics under `agent_{i}/...`; the joint `reward` and `reward_std` at the top level.
@@ -94,6 +96,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             `RewardProcessors.scale(100.0)`.
         tokenizer (*optional*):
             CoMLRL name of `processing_class`.
+        peft_config (`PeftConfig`, or one per agent, *optional*):
+            With one base (a model id or path, or one model, and `args.num_agents=N`): one adapter per agent on a
+            shared, frozen base, named `agent_0` ... `agent_{N-1}`. With a list of models: an adapter on each.
         formatters (callable or one per agent, *optional*):
             `formatter(row) -> prompt` builds an agent's prompt (text or conversation) from a dataset row.
         wandb_config (`dict`, *optional*):
@@ -135,6 +140,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         processing_class: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
         callbacks: list[TrainerCallback] | None = None,
         optimizers: tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None] = (None, None),
+        peft_config: PeftConfig | Sequence[PeftConfig] | None = None,
         *,
         agents: Sequence[str | PreTrainedModel] | None = None,
         reward_func: Callable | None = None,
@@ -159,13 +165,21 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 "MAGRPOConfig), which takes every GRPOConfig field: replace `GRPOConfig(` with "
                 "`MultiAgentGRPOConfig(`."
             )
-        if kwargs.get("peft_config") is not None:
-            raise NotImplementedError("`peft_config` (one LoRA adapter per agent) is not supported yet.")
         if wandb_config:
             _apply_wandb_config(args, wandb_config)
 
-        models = self._load_agents(model, args, kwargs.get("quantization_config"))
-        num_agents = args.num_agents = len(models)
+        # One base with one adapter per agent, or one model per agent (each with its own adapter if asked).
+        shared_base = peft_config is not None and isinstance(model, (str, os.PathLike, nn.Module))
+        models = self._load_agents(model, args, kwargs.get("quantization_config"), copies=not shared_base)
+        num_agents = args.num_agents = (args.num_agents or 1) if shared_base else len(models)
+        peft_configs = _per_agent("peft_config", peft_config, num_agents, single=PeftConfig)
+        if shared_base:
+            base = models[0]
+            models = [get_peft_model(base, peft_configs[0], adapter_name="agent_0")]
+            for i in range(1, num_agents):
+                models[0].add_adapter(f"agent_{i}", peft_configs[i])
+        elif peft_configs is not None:
+            models = [m if isinstance(m, PeftModel) else get_peft_model(m, c) for m, c in zip(models, peft_configs)]
         if num_agents > 1:
             unsupported = [k for k in ("tools", "rollout_func", "environment_factory") if kwargs.get(k) is not None]
             if unsupported:
@@ -176,6 +190,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 "one learning rate per agent."
             )
         processing_classes = self._load_processing_classes(processing_class, models, args)
+        if shared_base and len(set(map(id, processing_classes))) > 1:
+            raise ValueError("Agents that share one base model share its tokenizer: pass one `processing_class`.")
+        if num_agents > 1 and args.ddp_find_unused_parameters is None:
+            # Each agent's forward and backward leaves the other agents' parameters unused (DDP must be told).
+            args.ddp_find_unused_parameters = True
         self.formatters = _per_agent("formatters", formatters, num_agents)
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             _check_prompt_column(name, dataset, self.formatters)
@@ -186,7 +205,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # copy made after would call the original model's forward) and without reloading from a path (an
         # in-memory model has none). TRL must not build its own: beta is hidden from it during construction.
         beta = args.beta
-        ref_models = [copy.deepcopy(m) if beta != 0.0 else None for m in models]
+        # (PEFT agents need none: their reference is the base with the adapter disabled.)
+        ref_models = [copy.deepcopy(m) if beta != 0.0 and not isinstance(m, PeftModel) else None for m in models]
         args.beta = 0.0
         try:
             super().__init__(
@@ -205,34 +225,44 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self.beta = beta
         self.num_agents = num_agents
 
-        # TRL prepared agent 0; prepare the others the same way, then keep one view per agent.
+        # TRL prepared models[0]; prepare the others the same way, then keep one view per agent.
         template = {name: getattr(self, name) for name in AGENT_ATTRIBUTES}
+        if shared_base:
+            models, ref_models = models * num_agents, ref_models * num_agents
+            processing_classes = [template["processing_class"]] * num_agents
         self._agent_views = []
         for i, (agent, processor, ref_model) in enumerate(zip(models, processing_classes, ref_models, strict=True)):
-            view = self._setup_agent(agent, processor) if i > 0 else {k: template[k] for k in AGENT_ATTRIBUTES[:5]}
+            prepared = i == 0 or agent is models[0]
+            view = {k: template[k] for k in AGENT_ATTRIBUTES[:5]} if prepared else self._setup_agent(agent, processor)
             view["ref_model"] = self._setup_ref_model(ref_model)
             view["_metrics"] = copy.deepcopy(template["_metrics"])
             view["_logs"] = copy.deepcopy(template["_logs"])
             self._agent_views.append(view)
 
         # From here on, "the model" that Trainer and Accelerate see is the whole team.
-        team = AgentTeam(models)
+        if shared_base:
+            team = LoraAgentTeam(models[0], [f"agent_{i}" for i in range(num_agents)])
+        else:
+            team = AgentTeam(models)
         if self.place_model_on_device and not self.is_model_parallel:
             self._move_model_to_device(team, self.args.device)
         self.model = self.model_wrapped = self.callback_handler.model = team
         self._replay = None  # (rollout, credited rewards) replayed to TRL, see `_generate_and_score_completions`
+        self._single_turn_replay = None  # one agent's slice of a batched LoRA generation
 
     # ------------------------------------------------------------------ construction helpers
 
     @staticmethod
-    def _load_agents(model, args: MultiAgentGRPOConfig, quantization_config) -> list[PreTrainedModel]:
+    def _load_agents(model, args: MultiAgentGRPOConfig, quantization_config, copies: bool) -> list[PreTrainedModel]:
+        """Load the agents' models; with `copies=False`, one model (the base that the agents' adapters share)."""
         if isinstance(model, (str, os.PathLike)):
-            entries = [model] * (args.num_agents or 1)
+            entries = [model] * ((args.num_agents or 1) if copies else 1)
         elif isinstance(model, nn.Module):
-            if args.num_agents not in (None, 1):
+            if copies and args.num_agents not in (None, 1):
                 raise ValueError(
                     f"One model object was given with `num_agents={args.num_agents}`. Pass a list of "
-                    f"{args.num_agents} models, or a model id or path, which is loaded once per agent."
+                    f"{args.num_agents} models, a model id or path (loaded once per agent), or a `peft_config` to "
+                    "train one adapter per agent on this model."
                 )
             entries = [model]
         else:
@@ -328,8 +358,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             eos_token_ids = [tokenizer.eos_token_id, *eos_token_ids]
         if self.args.disable_dropout:
             disable_dropout_in_model(model)
+        if isinstance(model, PeftModel) and self.args.gradient_checkpointing:
+            model.enable_input_require_grads()  # as GRPOTrainer does for its PEFT model
         add_fused_lm_head(
-            model,
+            model.get_base_model() if isinstance(model, PeftModel) else model,
             temperature=self.temperature,
             cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
             outputs=("log_probs", "entropy"),
@@ -404,6 +436,28 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             return self._replay[0]
         return super()._generate(prompts)
 
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self._single_turn_replay is not None:  # this agent's slice of `_generate_batched`
+            return self._single_turn_replay, None
+        return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+
+    def _batched_generation(self) -> bool:
+        return isinstance(self.model, LoraAgentTeam) and self.num_agents > 1 and self.args.generation_mode == "batched"
+
+    def _generate_batched(self, prompts: list[list]) -> list[list[list[int]]]:
+        """Generate for all LoRA agents in one `generate` call (a mixed-adapter batch); one list of completion ids
+        per agent. Decoding and metrics then run per agent in `_generate`, which replays its slice."""
+        prompt_ids = []
+        for i, agent_prompts in enumerate(prompts):
+            with self._agent_view(i):
+                prompt_ids.append(self._tokenize_prompts(copy.deepcopy(agent_prompts))[0])
+        with self.model.mixed_batch([len(ids) for ids in prompt_ids]):
+            completion_ids, _ = super()._generate_single_turn(
+                [ids for agent_ids in prompt_ids for ids in agent_ids], None, {}, self.num_generations
+            )
+        bounds = torch.tensor([0] + [len(ids) for ids in prompt_ids]).cumsum(0).tolist()
+        return [completion_ids[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         if self._replay is not None:  # step 3 of `_generate_and_score_completions`: credited, already gathered
             return self._replay[1]
@@ -415,10 +469,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
 
         # 1. Every agent generates from its own prompts; none sees another's completions.
+        prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
+        completion_ids = self._generate_batched(prompts) if self._batched_generation() else [None] * self.num_agents
         rollouts = []
         for i in range(self.num_agents):
-            with self._agent_view(i):
-                rollouts.append(self._generate([row["prompt"] for row in agent_inputs[i]]))
+            with self._agent_view(i), self._swap(_single_turn_replay=completion_ids[i]):
+                rollouts.append(self._generate(prompts[i]))
 
         # 2. Score joint samples once; credit each agent's completions.
         rewards_per_func = self._joint_rewards(inputs, agent_inputs, rollouts, num_generations)  # (rows, F)
@@ -512,13 +568,22 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ loss and optimization
 
     def _compute_loss(self, model, inputs):
-        loss = 0.0
+        # One backward per agent, right after its forward (Trainer runs the last agent's): it frees each agent's
+        # graph before the next forward, lets activation checkpointing recompute with the agent's own LoRA adapter
+        # (switching adapters before one joint backward gives wrong gradients), and gives DDP one forward per
+        # backward. DeepSpeed's engine counts backward calls as micro-steps, so there the losses are summed instead.
+        separate_backward = model.training and torch.is_grad_enabled() and not self.is_deepspeed_enabled
+        total = 0.0
         for i in range(self.num_agents):
             prefix = f"agent_{i}/"
             agent_batch = {key[len(prefix) :]: value for key, value in inputs.items() if key.startswith(prefix)}
             with self._agent_view(i):
-                loss = loss + super()._compute_loss(model, agent_batch)
-        return loss
+                loss = super()._compute_loss(model, agent_batch)
+                if separate_backward and i < self.num_agents - 1:
+                    self.accelerator.backward(loss)
+                    loss = loss.detach()
+            total = total + loss
+        return total
 
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
@@ -527,8 +592,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             return optimizer
         # Split each of Trainer's parameter groups (decay / no decay) into one group per agent, with its own
         # learning rate; the scheduler then scales every group's rate by the same factor.
-        team = self.accelerator.unwrap_model(self.model)
-        owner = {id(p): i for i in range(self.num_agents) for p in team.agents[i].parameters()}
+        owner = {id(p): i for i in range(self.num_agents) for p in self.model.agent_parameters(i)}
         groups = []
         for group in optimizer.param_groups:
             for i in range(self.num_agents):
@@ -545,10 +609,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if self.num_agents == 1 or self.is_deepspeed_enabled or self.is_fsdp_enabled:
             return super()._clip_grad_norm(model)  # the engine clips the whole model
         self.accelerator.unscale_gradients()
-        team = self.accelerator.unwrap_model(self.model)
         norms = []
         for i in range(self.num_agents):
-            norm = torch.nn.utils.clip_grad_norm_(team.agent_parameters(i), self.args.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.agent_parameters(i), self.args.max_grad_norm)
             self._metrics["train"][f"agent_{i}/grad_norm"].append(norm.item())
             norms.append(norm)
         return torch.linalg.vector_norm(torch.stack(norms))  # the team's norm, logged as `grad_norm`
@@ -570,32 +633,26 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ saving and loading
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Save each agent to `output_dir/agent_{i}/` (model and tokenizer, loadable with `from_pretrained`)."""
+        """Save each agent to `output_dir/agent_{i}/` with its tokenizer: a model folder for `from_pretrained`, or
+        an adapter folder for `PeftModel.from_pretrained` (plus `merged/` with `save_merged_models`)."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
-        team = self.accelerator.unwrap_model(self.model)
-        for i, agent in enumerate(team.agents):
+        for i in range(self.num_agents):
             agent_dir = os.path.join(output_dir, f"agent_{i}")
-            prefix = f"agents.{i}."
-            agent_state = None
-            if state_dict is not None:  # gathered by the engine (FSDP, DeepSpeed) for the whole team
-                agent_state = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
-            agent.save_pretrained(agent_dir, state_dict=agent_state)
+            self.model.save_agent(i, agent_dir, state_dict=state_dict, merged=self.args.save_merged_models)
             self._agent_views[i]["processing_class"].save_pretrained(agent_dir)
         torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        team = self.accelerator.unwrap_model(model if model is not None else self.model)
-        for i, agent in enumerate(team.agents):
+        for i in range(self.num_agents):
             agent_dir = os.path.join(resume_from_checkpoint, f"agent_{i}")
             if not os.path.isdir(agent_dir):
                 raise FileNotFoundError(
                     f"Checkpoint {resume_from_checkpoint} has no folder agent_{i}/; it was not written by a "
                     f"MultiAgentGRPOTrainer with {self.num_agents} agents."
                 )
-            loaded = type(agent).from_pretrained(agent_dir, dtype=agent.dtype)
-            agent.load_state_dict(loaded.state_dict())
+            self.model.load_agent(i, agent_dir)
 
 
 MAGRPOTrainer = MultiAgentGRPOTrainer
@@ -607,10 +664,11 @@ def _one_of(name: str, value, alias: str, alias_value):
     return value if value is not None else alias_value
 
 
-def _per_agent(name: str, value, num_agents: int) -> list | None:
+def _per_agent(name: str, value, num_agents: int, single: type | None = None) -> list | None:
+    """`value` for every agent: `None`, one value for all (a callable, or an instance of `single`), or one each."""
     if value is None:
         return None
-    if callable(value):
+    if (callable(value) and single is None) or (single is not None and isinstance(value, single)):
         return [value] * num_agents
     values = list(value)
     if len(values) != num_agents:
