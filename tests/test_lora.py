@@ -1,0 +1,183 @@
+"""One LoRA adapter per agent on a shared base: exact gradients, batched generation, saving, resume."""
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOTrainer
+
+from multiagent_trl import MultiAgentGRPOTrainer
+from multiagent_trl.team import LoraAgentTeam
+
+from .conftest import small_args
+
+G = 4
+
+
+def ratio(completions1, completions2):
+    return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
+
+
+def lora(**overrides):
+    # init_lora_weights=False: random adapters, so that the agents differ from the base and from each other at once.
+    settings = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    return LoraConfig(**{**settings, **overrides})
+
+
+def lora_trainer(tmp_path, tiny_path, dataset, seed=0, **arg_overrides):
+    torch.manual_seed(seed)  # PEFT draws the random adapters from the global generator
+    return MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=ratio,
+        args=small_args(tmp_path, num_agents=2, **arg_overrides),
+        train_dataset=dataset,
+        peft_config=lora(),
+    )
+
+
+def adapters(team, index):
+    marker = f".agent_{index}."
+    return {n: p.detach().clone() for n, p in team.peft_model.named_parameters() if marker in n}
+
+
+def batch(dataset):
+    return [dataset[i] for i in range(2) for _ in range(G)]
+
+
+def test_only_the_adapters_train_and_the_reference_is_free(tmp_path, tiny_path, prompts_dataset):
+    trainer = lora_trainer(tmp_path, tiny_path, prompts_dataset, beta=0.1)
+    team = trainer.model
+    assert isinstance(team, LoraAgentTeam)
+    base_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_path).parameters())
+    adapter_params = sum(p.numel() for i in range(2) for p in team.agent_parameters(i))
+    # One base in memory, no reference copy: the reference is the base with the adapter disabled.
+    assert sum(p.numel() for p in team.parameters()) == base_params + adapter_params
+    assert all(view["ref_model"] is None for view in trainer._agent_views)
+
+    base = {n: p.clone() for n, p in team.peft_model.named_parameters() if "lora_" not in n}
+    before = [adapters(team, i) for i in range(2)]
+    trainer.train()
+    for name, p in team.peft_model.named_parameters():
+        if name in base:
+            assert torch.equal(p, base[name]), f"base weight {name} changed"
+    after = [adapters(team, i) for i in range(2)]
+    for i in range(2):
+        assert all(not torch.equal(after[i][n], before[i][n]) for n in before[i]), f"agent {i} did not train"
+    assert any(not torch.equal(a, b) for a, b in zip(after[0].values(), after[1].values()))
+    logs = trainer.state.log_history[-2]
+    assert logs["agent_0/kl"] > 0 and logs["agent_1/kl"] > 0
+
+
+def test_batched_generation_matches_per_agent_generation(tmp_path, tiny_path, prompts_dataset):
+    completions = {}
+    for mode in ("batched", "per_agent"):
+        trainer = lora_trainer(
+            tmp_path, tiny_path, prompts_dataset, generation_mode=mode, generation_kwargs={"do_sample": False}
+        )
+        trainer.model.train()
+        output = trainer._generate_and_score_completions(batch(prompts_dataset))
+        completions[mode] = [output[f"agent_{i}/completion_ids"] for i in range(2)]
+    for i in range(2):
+        assert torch.equal(completions["batched"][i], completions["per_agent"][i]), f"agent {i}"
+    assert not torch.equal(completions["batched"][0], completions["batched"][1])  # the adapters do differ
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_each_adapter_gets_exactly_its_own_gradient(tmp_path, tiny_path, prompts_dataset, checkpointing):
+    trainer = lora_trainer(tmp_path, tiny_path, prompts_dataset, gradient_checkpointing=checkpointing)
+    team = trainer.model
+    if checkpointing:
+        team.gradient_checkpointing_enable()
+    team.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which this test calls around
+    inputs = trainer._generate_and_score_completions(batch(prompts_dataset))
+    trainer._compute_loss(team, inputs).backward()  # agent 0 inside, agent 1 here
+    team_grads = [
+        {n: p.grad.clone() for n, p in team.peft_model.named_parameters() if f".agent_{i}." in n} for i in range(2)
+    ]
+
+    for i in range(2):  # each agent's own loss, alone
+        team.zero_grad(set_to_none=True)
+        agent_batch = {k.split("/", 1)[1]: v for k, v in inputs.items() if k.startswith(f"agent_{i}/")}
+        with trainer._agent_view(i):
+            GRPOTrainer._compute_loss(trainer, team, agent_batch).backward()
+        for name, grad in team_grads[i].items():
+            torch.testing.assert_close(team.peft_model.get_parameter(name).grad, grad, msg=name)
+        assert all(g.abs().sum() > 0 for g in team_grads[i].values())
+
+
+def test_checkpointing_does_not_change_training(tmp_path, tiny_path, prompts_dataset):
+    results = []
+    for checkpointing in (True, False):
+        trainer = lora_trainer(tmp_path, tiny_path, prompts_dataset, gradient_checkpointing=checkpointing)
+        trainer.train()
+        results.append([adapters(trainer.model, i) for i in range(2)])
+    for i in range(2):
+        for name, p in results[0][i].items():
+            torch.testing.assert_close(p, results[1][i][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_saved_adapters_load_back_and_generate_the_same(tmp_path, tiny_path, prompts_dataset):
+    trainer = lora_trainer(tmp_path, tiny_path, prompts_dataset, save_merged_models=True)
+    trainer.train()
+    trainer.save_model(tmp_path / "saved")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "saved" / "agent_0")
+    inputs = tokenizer(["Tell a joke:"], return_tensors="pt")
+    team = trainer.model
+    team.eval()
+    for i in range(2):
+        with team.use(i):
+            expected = team.generate(**inputs, max_new_tokens=8, do_sample=False)
+        agent_dir = tmp_path / "saved" / f"agent_{i}"
+        loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), agent_dir)
+        assert torch.equal(loaded.generate(**inputs, max_new_tokens=8, do_sample=False), expected)
+        merged = AutoModelForCausalLM.from_pretrained(agent_dir / "merged")
+        assert torch.equal(merged.generate(**inputs, max_new_tokens=8, do_sample=False), expected)
+
+
+def test_resume_restores_every_adapter_and_its_optimizer_state(tmp_path, tiny_path, prompts_dataset):
+    straight = lora_trainer(
+        tmp_path,
+        tiny_path,
+        prompts_dataset,
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=2,
+        output_dir=str(tmp_path / "straight"),
+    )
+    straight.train()
+    resumed = lora_trainer(
+        tmp_path,
+        tiny_path,
+        prompts_dataset,
+        seed=1,
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=2,
+        output_dir=str(tmp_path / "resumed"),
+    )  # seed=1: different initial adapters, so only the checkpoint can make the runs agree
+    resumed.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2"))
+    for i in range(2):
+        assert all(p.requires_grad for p in resumed.model.agent_parameters(i))
+        expected = adapters(straight.model, i)
+        for name, p in adapters(resumed.model, i).items():
+            torch.testing.assert_close(p, expected[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_lora_on_separate_heterogeneous_models(tmp_path, tiny_path, tiny_llama_path, prompts_dataset):
+    trainer = MultiAgentGRPOTrainer(
+        model=[tiny_path, tiny_llama_path],
+        reward_funcs=ratio,
+        processing_class=[AutoTokenizer.from_pretrained(p) for p in (tiny_path, tiny_llama_path)],
+        args=small_args(tmp_path, beta=0.1),
+        train_dataset=prompts_dataset,
+        peft_config=lora(target_modules=["q_proj", "v_proj"]),
+    )
+    assert all(isinstance(agent, PeftModel) for agent in trainer.model.agents)
+    before = [{n: p.clone() for n, p in agent.named_parameters()} for agent in trainer.model.agents]
+    trainer.train()
+    for agent, snapshot in zip(trainer.model.agents, before):
+        for name, p in agent.named_parameters():
+            assert torch.equal(p, snapshot[name]) != ("lora_" in name), name  # adapters moved, bases did not
+    trainer.save_model(tmp_path / "saved")
+    assert (tmp_path / "saved" / "agent_1" / "adapter_config.json").exists()
