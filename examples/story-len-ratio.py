@@ -8,6 +8,7 @@ multiagent_trl with only its import lines changed.
 Run it:
 
     python examples/story-len-ratio.py --model tiny              # offline, a tiny model built in code: ~2 minutes
+    python examples/story-len-ratio.py --model tiny --lora       # one LoRA adapter per agent on one shared base
     python examples/story-len-ratio.py                           # Qwen/Qwen2.5-0.5B from the Hub
     python examples/story-len-ratio.py --wandb --wandb-project my-project
     accelerate launch --multi_gpu --num_processes 2 examples/story-len-ratio.py
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from datasets import Dataset
+from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import TrlParser
 
@@ -44,15 +46,26 @@ class ScriptArguments:
     max_new_tokens: int | None = field(default=None, metadata={"help": "Completion length (128; 32 for tiny)."})
     logging_steps: int | None = field(default=None, metadata={"help": "Log every this many steps (10; 5 tiny)."})
     seed: int = field(default=42, metadata={"help": "Random seed."})
+    lora: bool = field(default=False, metadata={"help": "Train one LoRA adapter per agent on one shared base."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (alpha / r scales the update)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        metadata={"help": "Modules that get an adapter (never lm_head)."},
+    )
     wandb: bool = field(default=False, metadata={"help": "Log to Weights & Biases."})
     wandb_project: str | None = field(default=None, metadata={"help": "W&B project (optional)."})
     wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity (optional)."})
 
 
-# Defaults per model: a randomly initialised tiny model needs a far larger learning rate and more epochs.
+# Defaults per model: a randomly initialised tiny model needs a far larger learning rate and more epochs; LoRA
+# adapters take a larger learning rate than full fine-tuning.
 DEFAULTS = {
-    "tiny": dict(epochs=40, learning_rate=3e-3, max_new_tokens=32, logging_steps=5),
-    "pretrained": dict(epochs=3, learning_rate=5e-5, max_new_tokens=128, logging_steps=10),
+    ("tiny", False): dict(epochs=40, learning_rate=3e-3, max_new_tokens=32, logging_steps=5),
+    ("tiny", True): dict(epochs=40, learning_rate=2e-2, max_new_tokens=32, logging_steps=5),
+    ("pretrained", False): dict(epochs=3, learning_rate=5e-5, max_new_tokens=128, logging_steps=10),
+    ("pretrained", True): dict(epochs=3, learning_rate=2e-4, max_new_tokens=128, logging_steps=10),
 }
 
 TRAIN_PROMPTS = [
@@ -89,7 +102,7 @@ def proper_length_ratio_reward(completions1, completions2, target_min=2.0, targe
 
 def main(script_args: ScriptArguments) -> MAGRPOTrainer:
     model_name = tiny_model_path() if script_args.model == "tiny" else script_args.model
-    defaults = DEFAULTS["tiny" if script_args.model == "tiny" else "pretrained"]
+    defaults = DEFAULTS["tiny" if script_args.model == "tiny" else "pretrained", script_args.lora]
     setting = {
         key: getattr(script_args, key) if getattr(script_args, key) is not None else value
         for key, value in defaults.items()
@@ -98,9 +111,17 @@ def main(script_args: ScriptArguments) -> MAGRPOTrainer:
     # Dataset: creative prompts, the same for both agents.
     train_dataset = Dataset.from_dict({"prompt": TRAIN_PROMPTS})
 
-    # Agents: one tokenizer, a separate model instance per agent.
+    # Agents: one tokenizer, a separate model instance per agent (or, with --lora, one base and two adapters).
     tokenizer = AutoTokenizer.from_pretrained(model_name)
-    agents = [AutoModelForCausalLM.from_pretrained(model_name) for _ in range(2)]
+    if script_args.lora:
+        agents, peft_config = None, LoraConfig(
+            r=script_args.lora_r,
+            lora_alpha=script_args.lora_alpha,
+            lora_dropout=script_args.lora_dropout,
+            target_modules=script_args.lora_target_modules,
+        )
+    else:
+        agents, peft_config = [AutoModelForCausalLM.from_pretrained(model_name) for _ in range(2)], None
 
     if script_args.wandb:
         for key, env in (("wandb_project", "WANDB_PROJECT"), ("wandb_entity", "WANDB_ENTITY")):
@@ -126,6 +147,8 @@ def main(script_args: ScriptArguments) -> MAGRPOTrainer:
     configured_reward_func = partial(proper_length_ratio_reward, target_min=2, target_max=3)
     trainer = MAGRPOTrainer(
         agents=agents,
+        model=model_name if script_args.lora else None,
+        peft_config=peft_config,
         reward_func=configured_reward_func,
         reward_processor=RewardProcessors.scale(factor=100.0),
         args=config,

@@ -33,6 +33,23 @@ ARCHITECTURES = {
         LlamaConfig,
         dict(hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4),
     ),
+    # Benchmarks: big enough that matrix work (4M) or model memory (270M) dominates Python overhead and baseline.
+    "bench-4m": (
+        Qwen2Config,
+        dict(
+            hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4
+        ),
+    ),
+    "bench-270m": (
+        Qwen2Config,
+        dict(
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+        ),
+    ),
 }
 FORMAT_VERSION = "1"  # bump when what is built changes, so stale caches are not reused
 
@@ -64,8 +81,8 @@ def tiny_model_path(architecture: str = "tiny", seed: int = 0) -> str:
     """Build (once) and return the folder of a tiny causal LM with its tokenizer, saved like a hub model.
 
     Args:
-        architecture: `"tiny"` (Qwen2, about 90k parameters) or `"tiny-llama"` (Llama, a different size), for
-            heterogeneous teams.
+        architecture: `"tiny"` (Qwen2, about 90k parameters), `"tiny-llama"` (Llama, a different size, for
+            heterogeneous teams), or the benchmark sizes `"bench-4m"` and `"bench-270m"`.
         seed: Seed of the random initial weights; different seeds give different models.
 
     Returns:

@@ -27,7 +27,14 @@ from accelerate.utils import gather, gather_object
 from datasets import Dataset, IterableDataset
 from peft import PeftConfig, PeftModel, get_peft_model
 from torch import nn
-from transformers import AutoProcessor, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers import (
+    AutoProcessor,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TrainerCallback,
+    set_seed,
+)
 from transformers.trainer import TRAINING_ARGS_NAME
 from trl import GRPOTrainer
 from trl.models.utils import prepare_deepspeed, prepare_fsdp
@@ -168,7 +175,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if wandb_config:
             _apply_wandb_config(args, wandb_config)
 
-        # One base with one adapter per agent, or one model per agent (each with its own adapter if asked).
+        # One base with one adapter per agent, or one model per agent (each with its own adapter if asked). PEFT draws
+        # adapter weights from the global generator, so seed first, as GRPOTrainer does.
+        set_seed(args.seed)
         shared_base = peft_config is not None and isinstance(model, (str, os.PathLike, nn.Module))
         models = self._load_agents(model, args, kwargs.get("quantization_config"), copies=not shared_base)
         num_agents = args.num_agents = (args.num_agents or 1) if shared_base else len(models)
@@ -285,9 +294,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     init_kwargs["device_map"] = None
                 init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
                 entry = create_model_from_path(str(entry), **init_kwargs)
-            elif not isinstance(entry, PreTrainedModel):
+            elif not isinstance(entry, (PreTrainedModel, PeftModel)):
                 raise TypeError(
-                    f"Each agent must be a model id, a path, or a transformers PreTrainedModel; got "
+                    f"Each agent must be a model id, a path, a transformers PreTrainedModel or a PeftModel; got "
                     f"{type(entry).__name__}."
                 )
             models.append(entry)
