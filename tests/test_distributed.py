@@ -1,0 +1,67 @@
+"""Scaling out: two processes (gloo on CPU), gradient accumulation, bf16."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from multiagent_trl import MultiAgentGRPOTrainer
+
+from .conftest import small_args
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_team.py"
+
+
+def ratio(completions1, completions2):
+    return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_two_processes_train_the_same_team(tmp_path, tiny_path, kind):
+    # On a CPU-only machine `--multi_gpu` starts gloo processes; ACCELERATE_USE_CPU makes transformers treat them as
+    # one distributed run.
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(SCRIPT), str(tmp_path), kind]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    assert ranks[0]["fingerprint"] == ranks[1]["fingerprint"], "the ranks' agents diverged"
+    for rank in ranks:  # every joint sample pairs both agents' completions of the same row
+        assert rank["seen"], "no joint sample was scored"
+        for prompt_0, prompt_1, row_id in rank["seen"]:
+            assert prompt_0 == f"A Row {row_id}: tell a story." and prompt_1 == f"B Row {row_id}: tell a story."
+    assert ranks[0]["seen"] != ranks[1]["seen"], "both ranks scored the same samples: no data parallelism"
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_gradient_accumulation_matches_the_full_batch(tmp_path, tiny_path, prompts_dataset, loss_type):
+    weights = []
+    for batch_size, accumulation in ((8, 1), (4, 2)):
+        args = small_args(
+            tmp_path, num_agents=2, max_steps=1, loss_type=loss_type,
+            per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
+        )  # fmt: skip
+        trainer = MultiAgentGRPOTrainer(model=tiny_path, reward_funcs=ratio, args=args, train_dataset=prompts_dataset)
+        trainer.train()
+        weights.append([[p.detach().clone() for p in trainer.model.agent_parameters(i)] for i in range(2)])
+    for i in range(2):
+        for full, accumulated in zip(weights[0][i], weights[1][i]):
+            torch.testing.assert_close(accumulated, full, rtol=1e-4, atol=1e-6)
+
+
+def test_bf16_step_on_cpu(tmp_path, tiny_path, prompts_dataset):
+    args = small_args(tmp_path, num_agents=2, max_steps=1, bf16=True, use_cpu=True)
+    trainer = MultiAgentGRPOTrainer(model=tiny_path, reward_funcs=ratio, args=args, train_dataset=prompts_dataset)
+    assert trainer.accelerator.mixed_precision == "bf16"
+    before = [[p.detach().clone() for p in trainer.model.agent_parameters(i)] for i in range(2)]
+    trainer.train()
+    for i in range(2):
+        assert all(not torch.equal(b, p) for b, p in zip(before[i], trainer.model.agent_parameters(i))), f"agent {i}"
