@@ -135,25 +135,15 @@ def test_saved_adapters_load_back_and_generate_the_same(tmp_path, tiny_path, pro
 
 
 def test_resume_restores_every_adapter_and_its_optimizer_state(tmp_path, tiny_path, prompts_dataset):
-    straight = lora_trainer(
-        tmp_path,
-        tiny_path,
-        prompts_dataset,
-        max_steps=4,
-        save_strategy="steps",
-        save_steps=2,
-        output_dir=str(tmp_path / "straight"),
-    )
+    def checkpointing_trainer(name):
+        return lora_trainer(
+            tmp_path, tiny_path, prompts_dataset, max_steps=4, save_strategy="steps", save_steps=2,
+            output_dir=str(tmp_path / name),
+        )  # fmt: skip
+
+    straight = checkpointing_trainer("straight")
     straight.train()
-    resumed = lora_trainer(
-        tmp_path,
-        tiny_path,
-        prompts_dataset,
-        max_steps=4,
-        save_strategy="steps",
-        save_steps=2,
-        output_dir=str(tmp_path / "resumed"),
-    )
+    resumed = checkpointing_trainer("resumed")
     with torch.no_grad():  # different adapters from the start, so only the checkpoint can make the runs agree
         for i in range(2):
             for p in resumed.model.agent_parameters(i):
