@@ -8,18 +8,26 @@ step and epochs. Each library runs in a subprocess under its own interpreter, si
     python3 -m venv /tmp/comlrl-venv
     /tmp/comlrl-venv/bin/pip install torch==2.13.0 comlrl==1.4.3 transformers==5.24.0 datasets
 
-Run it (offline, ~10 minutes on 2 CPU cores) from the repository root, with the project's venv active:
+Run it (offline, about 10 minutes on 2 CPU cores) from the repository root, with the project's venv active:
 
     HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python /tmp/comlrl-venv/bin/python
+
+`--jobs` runs (default 2) train at once, each with `--threads` torch threads (default: CPU count / jobs), CoMLRL's
+(the slower) first. On a shared machine wall times vary with the load; the CPU time of each run varies less.
 
 Every joint reward either library computes is recorded (for CoMLRL by wrapping its reward function; for
 multiagent_trl from `trainer.state.log_history['reward']` with `logging_steps=1`, cross-checked against the same
 wrapper). The table gives the mean scaled joint reward (x100) against the number of samples (completions generated
-per agent) seen so far, averaged over seeds, then the area under the curve, the final reward and wall times.
+per agent) seen so far, averaged over seeds, then the area under the curve (the mean reward over all samples), the
+final reward, the samples needed to reach `--threshold`, and CPU and wall times.
 
 By default the optimizer of multiagent_trl is matched to CoMLRL's plain `torch.optim.AdamW`: constant learning rate,
 weight decay 0.01, no gradient clipping (`--ours-optimizer trl-default` keeps TRL's linear decay, clipping at 1.0 and
-no weight decay instead).
+no weight decay instead). Differences that remain (not settable): CoMLRL takes the policy gradient of the untempered
+log-softmax (TRL: of logits / temperature), trains on the padding after EOS and drops each completion's last token,
+sums log-probs per sequence (TRL: token-level "dapo" mean; the same direction for Adam), uses the population std for
+advantages (TRL: sample std), keeps the prompts in dataset order (TRL: shuffled per epoch) and is not seeded (the
+worker seeds python, numpy and torch).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -56,7 +65,7 @@ DEFAULT_COMLRL_PYTHON = "/tmp/comlrl-venv/bin/python"
 
 
 def proper_length_ratio_reward(completions1, completions2, target_min=2.0, target_max=3.0) -> list[float]:
-    """1.0 when len(second) / len(first) is in [target_min, target_max], exp(-distance) outside; 0 if first is empty."""
+    """1 when len(second) / len(first) is in [target_min, target_max], exp(-distance) outside; 0 if first is empty."""
     rewards = []
     for c1, c2 in zip(completions1, completions2):
         if len(c1) == 0:
@@ -76,12 +85,10 @@ class RecordedReward:
 
     def __init__(self) -> None:
         self.rewards: list[float] = []
-        self.calls = 0
 
     def __call__(self, completions1, completions2) -> list[float]:
         rewards = proper_length_ratio_reward(completions1, completions2, target_min=2, target_max=3)
         self.rewards.extend(rewards)
-        self.calls += 1
         return rewards
 
 
@@ -89,8 +96,8 @@ class RecordedReward:
 class Settings:
     """What both libraries share (flags of the same names)."""
 
-    epochs: int = 30
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    epochs: int = 40
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     learning_rate: float = 3e-3
     num_generations: int = 8
     max_new_tokens: int = 32
@@ -100,6 +107,8 @@ class Settings:
     top_k: int = 50
     ours_optimizer: str = "matched"
     comlrl_python: str = DEFAULT_COMLRL_PYTHON
+    jobs: int = 2
+    threads: int = 0  # 0: the CPU count divided by jobs
     bin_samples: int = 0  # 0: one epoch (len(TRAIN_PROMPTS) * num_generations)
     threshold: float = 90.0
     json_out: str | None = None
@@ -112,12 +121,13 @@ class Settings:
 # --------------------------------------------------------------------------------------------------------- workers
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: int, threads: int) -> None:
     import random
 
     import numpy as np
     import torch
 
+    torch.set_num_threads(threads)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -130,7 +140,7 @@ def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str) 
 
     from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, RewardProcessors
 
-    seed_everything(seed)
+    seed_everything(seed, settings.threads)
     optimizer = (
         dict(lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=0.0)
         if settings.ours_optimizer == "matched"
@@ -166,11 +176,16 @@ def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str) 
         train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
         tokenizer=tokenizer,
     )
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     trainer.train()
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     step_rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
-    return {"step_rewards": step_rewards, "raw_rewards": reward.rewards, "train_seconds": wall}
+    return {
+        "step_rewards": step_rewards,
+        "raw_rewards": reward.rewards,
+        "train_seconds": wall,
+        "train_cpu_seconds": cpu,
+    }
 
 
 def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str) -> dict:
@@ -181,7 +196,7 @@ def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    seed_everything(seed)
+    seed_everything(seed, settings.threads)
     config = MAGRPOConfig(
         num_train_epochs=settings.epochs,
         agent_learning_rate=settings.learning_rate,
@@ -210,10 +225,10 @@ def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str
         wandb_config=None,  # no wandb.init; the reward wrapper is the log
     )
     trainer.verbose = False  # no tqdm bars (CoMLRL reads this from wandb_config, which must stay None)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     trainer.train()
-    wall = time.perf_counter() - start
-    return {"step_rewards": None, "raw_rewards": reward.rewards, "train_seconds": wall}
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return {"step_rewards": None, "raw_rewards": reward.rewards, "train_seconds": wall, "train_cpu_seconds": cpu}
 
 
 def run_worker(args: argparse.Namespace, settings: Settings) -> None:
@@ -230,9 +245,28 @@ def launch(library: str, python: str, settings: Settings, model_path: str, seed:
     """Run one library's training in a subprocess under its own interpreter; return its result with wall time."""
     out = workdir / f"{library}-seed{seed}.json"
     log = workdir / f"{library}-seed{seed}.log"
-    command = [python, os.path.abspath(__file__), "--worker", library, "--model-path", model_path,
-               "--seed", str(seed), "--out", str(out), *settings_to_flags(settings)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+    command = [
+        python,
+        os.path.abspath(__file__),
+        "--worker",
+        library,
+        "--model-path",
+        model_path,
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        *settings_to_flags(settings),
+    ]
+    threads = str(settings.threads)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+    }
     start = time.perf_counter()
     with log.open("w") as handle:
         code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
@@ -242,6 +276,7 @@ def launch(library: str, python: str, settings: Settings, model_path: str, seed:
         raise RuntimeError(f"{library} (seed {seed}) failed with exit code {code}; log tail:\n{tail}")
     result = json.loads(out.read_text())
     result["process_seconds"] = wall
+    print(f"  done: {library} seed {seed}, {wall:.0f} s", flush=True)
     return result
 
 
@@ -255,14 +290,14 @@ def per_sample_rewards(library: str, result: dict, settings: Settings) -> list[f
     if len(logged) * step != len(raw):
         raise RuntimeError(f"multiagent_trl logged {len(logged)} steps but scored {len(raw)} samples")
     for k, value in enumerate(logged):  # the log and the wrapper must agree
-        hooked = statistics.fmean(raw[k * step:(k + 1) * step])
+        hooked = statistics.fmean(raw[k * step : (k + 1) * step])
         if abs(hooked - value) > 1e-3 * max(1.0, abs(value)):
             raise RuntimeError(f"multiagent_trl step {k}: logged reward {value} != recorded {hooked}")
     return [value for value in logged for _ in range(step)]
 
 
 def binned(rewards: list[float], size: int) -> list[float]:
-    return [statistics.fmean(rewards[start:start + size]) for start in range(0, len(rewards), size)]
+    return [statistics.fmean(rewards[start : start + size]) for start in range(0, len(rewards), size)]
 
 
 def samples_to_reach(curve: list[float], size: int, threshold: float) -> int | None:
@@ -287,8 +322,10 @@ def mean_std(values: list[float]) -> str:
 def print_report(curves: dict[str, list[list[float]]], results: dict[str, list[dict]], settings: Settings) -> None:
     size = settings.bin_samples
     seeds = ", ".join(map(str, settings.seeds))
-    print(f"\nJoint reward (x{REWARD_SCALE:g}) vs samples seen per agent; bins of {size} samples, mean ± std over "
-          f"seeds [{seeds}]")
+    print(
+        f"\nJoint reward (x{REWARD_SCALE:g}) vs samples seen per agent; bins of {size} samples, mean ± std over "
+        f"seeds [{seeds}]"
+    )
     print(f"{'samples':>8} | {'multiagent_trl':>15} | {'comlrl':>15} | {'ours/theirs':>11}")
     print("-" * 60)
     bins = min(len(curve) for runs in curves.values() for curve in runs)
@@ -299,37 +336,63 @@ def print_report(curves: dict[str, list[list[float]]], results: dict[str, list[d
         print(f"{(k + 1) * size:>8} | {mean_std(ours):>15} | {mean_std(theirs):>15} | {ratio:>11.2f}")
 
     summary = {library: summarize(curves[library], size, settings) for library in LIBRARIES}
-    print("\nSummary (per seed, then mean)")
-    print(f"{'':34} | {'multiagent_trl':>24} | {'comlrl':>24} | {'ours/theirs':>11}")
-    print("-" * 104)
-    for key, label in (("auc", "AUC (mean reward over all samples)"), ("final", "final reward (last bin)")):
-        ours, theirs = summary["multiagent_trl"][key], summary["comlrl"][key]
-        ratio = statistics.fmean(ours) / statistics.fmean(theirs)
-        print(f"{label:34} | {format_seeds(ours):>24} | {format_seeds(theirs):>24} | {ratio:>11.2f}")
-    reach_label = f"samples to reach {settings.threshold:g}"
-    print(f"{reach_label:34} | {format_reach(summary['multiagent_trl']['reach']):>24} | "
-          f"{format_reach(summary['comlrl']['reach']):>24} |")
-    for key, label in (("train_seconds", "train wall time (s)"), ("process_seconds", "process wall time (s)")):
-        ours = [r[key] for r in results["multiagent_trl"]]
-        theirs = [r[key] for r in results["comlrl"]]
-        ratio = statistics.fmean(ours) / statistics.fmean(theirs)
-        print(f"{label:34} | {format_seeds(ours):>24} | {format_seeds(theirs):>24} | {ratio:>11.2f}")
+    print("\nSummary: mean over seeds [per seed]; ours/theirs is the ratio of the means")
+    print(f"{'':34} | {'multiagent_trl':>26} | {'comlrl':>26} | {'ours/theirs':>11}")
+    print("-" * 108)
+    rows = [
+        ("AUC (mean reward over all samples)", summary["multiagent_trl"]["auc"], summary["comlrl"]["auc"]),
+        ("final reward (last bin)", summary["multiagent_trl"]["final"], summary["comlrl"]["final"]),
+        (
+            f"samples to reach {settings.threshold:g} (lower=better)",
+            summary["multiagent_trl"]["reach"],
+            summary["comlrl"]["reach"],
+        ),
+    ]
+    times = (
+        ("train_cpu_seconds", "train CPU time (s)"),
+        ("train_seconds", "train wall time (s)"),
+        ("process_seconds", "process wall time (s)"),
+    )
+    for key, label in times:
+        rows.append((label, [r[key] for r in results["multiagent_trl"]], [r[key] for r in results["comlrl"]]))
+    for label, ours, theirs in rows:
+        print(summary_row(label, ours, theirs))
     total = {library: sum(r["process_seconds"] for r in results[library]) for library in LIBRARIES}
     print(f"\nTotal wall time: multiagent_trl {total['multiagent_trl']:.0f} s, comlrl {total['comlrl']:.0f} s")
     if settings.json_out:
-        Path(settings.json_out).write_text(json.dumps(
-            {"settings": asdict(settings), "curves": curves, "summary": summary,
-             "wall": {lib: [{k: r[k] for k in ("train_seconds", "process_seconds")} for r in results[lib]]
-                      for lib in LIBRARIES}}, indent=1))
+        Path(settings.json_out).write_text(
+            json.dumps(
+                {
+                    "settings": asdict(settings),
+                    "curves": curves,
+                    "summary": summary,
+                    "wall": {
+                        lib: [
+                            {k: r[k] for k in ("train_cpu_seconds", "train_seconds", "process_seconds")}
+                            for r in results[lib]
+                        ]
+                        for lib in LIBRARIES
+                    },
+                },
+                indent=1,
+            )
+        )
         print(f"Results written to {settings.json_out}")
 
 
-def format_seeds(values: list[float]) -> str:
-    return " ".join(f"{v:.1f}" for v in values) + f" | {statistics.fmean(values):.1f}"
+def format_seeds(values: list[float | None]) -> str:
+    """`mean [v1 v2 ...]`; the mean is `-` when a value is missing (a run that never reached the threshold)."""
+
+    def number(value: float | None) -> str:
+        return "never" if value is None else f"{value:.0f}" if value >= 1000 else f"{value:.1f}"
+
+    mean = "-" if None in values else number(statistics.fmean(values))
+    return f"{mean} [{' '.join(number(v) for v in values)}]"
 
 
-def format_reach(values: list[int | None]) -> str:
-    return " ".join("never" if v is None else str(v) for v in values)
+def summary_row(label: str, ours: list[float | None], theirs: list[float | None]) -> str:
+    ratio = "-" if None in ours or None in theirs else f"{statistics.fmean(ours) / statistics.fmean(theirs):.2f}"
+    return f"{label:34} | {format_seeds(ours):>26} | {format_seeds(theirs):>26} | {ratio:>11}"
 
 
 def run_driver(settings: Settings) -> None:
@@ -340,19 +403,28 @@ def run_driver(settings: Settings) -> None:
     model_path = tiny_model_path()
     if settings.bin_samples <= 0:
         settings.bin_samples = len(TRAIN_PROMPTS) * settings.num_generations
+    if settings.threads <= 0:
+        settings.threads = max(1, (os.cpu_count() or 1) // settings.jobs)
     pythons = {"multiagent_trl": sys.executable, "comlrl": settings.comlrl_python}
     print(f"Model: {model_path}\nSettings: {json.dumps(asdict(settings))}", flush=True)
+    # CoMLRL's runs are the slower ones: start them first so that the runs in flight finish close together.
+    tasks = [(library, seed) for library in reversed(LIBRARIES) for seed in settings.seeds]
+    with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(max_workers=settings.jobs) as pool:
+        futures = {
+            task: pool.submit(launch, task[0], pythons[task[0]], settings, model_path, task[1], Path(workdir))
+            for task in tasks
+        }
+        results = {library: [futures[library, seed].result() for seed in settings.seeds] for library in LIBRARIES}
     curves: dict[str, list[list[float]]] = {library: [] for library in LIBRARIES}
-    results: dict[str, list[dict]] = {library: [] for library in LIBRARIES}
-    with tempfile.TemporaryDirectory() as workdir:
-        for seed in settings.seeds:
-            for library in LIBRARIES:
-                result = launch(library, pythons[library], settings, model_path, seed, Path(workdir))
-                rewards = per_sample_rewards(library, result, settings)
-                curves[library].append(binned(rewards, settings.bin_samples))
-                results[library].append(result)
-                print(f"  {library:15} seed {seed}: {len(rewards)} samples per agent, mean reward "
-                      f"{statistics.fmean(rewards):.1f}, {result['process_seconds']:.0f} s", flush=True)
+    for library in LIBRARIES:
+        for seed, result in zip(settings.seeds, results[library]):
+            rewards = per_sample_rewards(library, result, settings)
+            curves[library].append(binned(rewards, settings.bin_samples))
+            print(
+                f"  {library:15} seed {seed}: {len(rewards)} samples per agent, mean reward "
+                f"{statistics.fmean(rewards):.1f}, {result['process_seconds']:.0f} s",
+                flush=True,
+            )
     print_report(curves, results, settings)
 
 
@@ -363,7 +435,7 @@ def settings_to_flags(settings: Settings) -> list[str]:
     """The shared flags, to hand the same settings to a worker."""
     flags = []
     for key, value in asdict(settings).items():
-        if key in ("seeds", "json_out", "comlrl_python"):
+        if key in ("seeds", "json_out", "comlrl_python", "jobs"):
             continue
         flags += [f"--{key.replace('_', '-')}", str(value)]
     return flags
@@ -372,23 +444,40 @@ def settings_to_flags(settings: Settings) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Settings]:
     defaults = Settings()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=defaults.epochs, help="Training epochs (passes over 10 prompts).")
+    parser.add_argument("--epochs", type=int, default=defaults.epochs, help="Training epochs (passes of 10 prompts).")
     parser.add_argument("--seeds", type=int, nargs="+", default=defaults.seeds, help="Seeds, each run per library.")
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
     parser.add_argument("--num-generations", type=int, default=defaults.num_generations)
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
-    parser.add_argument("--rollout-buffer-size", type=int, default=defaults.rollout_buffer_size,
-                        help="Prompts per optimizer step.")
+    parser.add_argument(
+        "--rollout-buffer-size", type=int, default=defaults.rollout_buffer_size, help="Prompts per optimizer step."
+    )
     parser.add_argument("--temperature", type=float, default=defaults.temperature)
     parser.add_argument("--top-p", type=float, default=defaults.top_p)
     parser.add_argument("--top-k", type=int, default=defaults.top_k)
-    parser.add_argument("--ours-optimizer", choices=("matched", "trl-default"), default=defaults.ours_optimizer,
-                        help="'matched': constant LR, weight decay 0.01, no clipping, like CoMLRL's AdamW.")
+    parser.add_argument(
+        "--ours-optimizer",
+        choices=("matched", "trl-default"),
+        default=defaults.ours_optimizer,
+        help="'matched': constant LR, weight decay 0.01, no clipping, like CoMLRL's AdamW.",
+    )
     parser.add_argument("--comlrl-python", default=defaults.comlrl_python, help="Interpreter of the CoMLRL venv.")
-    parser.add_argument("--bin-samples", type=int, default=defaults.bin_samples,
-                        help="Samples per table row; 0 means one epoch.")
-    parser.add_argument("--threshold", type=float, default=defaults.threshold,
-                        help="Report the samples needed for a bin mean reward of at least this.")
+    parser.add_argument("--jobs", type=int, default=defaults.jobs, help="Training runs at once (CoMLRL's first).")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=defaults.threads,
+        help="Torch threads per run; 0 means the CPU count divided by --jobs.",
+    )
+    parser.add_argument(
+        "--bin-samples", type=int, default=defaults.bin_samples, help="Samples per table row; 0 means one epoch."
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=defaults.threshold,
+        help="Report the samples needed for a bin mean reward of at least this.",
+    )
     parser.add_argument("--json-out", default=None, help="Also write curves and summary to this JSON file.")
     # Internal: run one library's training (in that library's interpreter).
     parser.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
