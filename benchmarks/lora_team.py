@@ -70,17 +70,21 @@ def settings(output_dir: str, steps: int, **extra) -> dict:
 
 def build(case: str, model_path: str, output_dir: str, steps: int):
     """One trainer for a benchmark case."""
+    from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
     if case == "trl-lora-1":
         args = GRPOConfig(**settings(output_dir, steps))
-        return GRPOTrainer(model_path, reward, args=args, train_dataset=dataset(8), peft_config=lora_config())
-    agents = int(case.rsplit("-", 1)[1])
-    args = MultiAgentGRPOConfig(**settings(output_dir, steps, num_agents=agents))
-    model = [model_path] * agents if case.startswith("separate") else model_path
-    return MultiAgentGRPOTrainer(model, reward, args=args, train_dataset=dataset(8), peft_config=lora_config())
+        trainer = GRPOTrainer(model_path, reward, args=args, train_dataset=dataset(8), peft_config=lora_config())
+    else:
+        agents = int(case.rsplit("-", 1)[1])
+        args = MultiAgentGRPOConfig(**settings(output_dir, steps, num_agents=agents))
+        model = [model_path] * agents if case.startswith("separate") else model_path
+        trainer = MultiAgentGRPOTrainer(model, reward, args=args, train_dataset=dataset(8), peft_config=lora_config())
+    trainer.remove_callback(PrinterCallback)  # keep the report readable
+    return trainer
 
 
 def memory_worker(case: str, model_path: str, output_dir: str) -> dict:
