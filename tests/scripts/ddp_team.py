@@ -14,40 +14,43 @@ from peft import LoraConfig
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 from multiagent_trl.testing import tiny_model_path
 
-out_dir, kind = sys.argv[1], sys.argv[2]
-seen = []
+
+def main(out_dir: str, kind: str) -> None:
+    seen = []
+
+    def tagged(prompts, completions, row_id, **kwargs):
+        for (p0, p1), rid in zip(prompts, row_id):
+            seen.append([p0, p1, rid])
+        return [len(b) / (1 + len(a)) for a, b in completions]
+
+    dataset = Dataset.from_dict({"prompt": [f"Row {i}: tell a story." for i in range(8)], "row_id": list(range(8))})
+    args = MultiAgentGRPOConfig(
+        output_dir=f"{out_dir}/run",
+        num_agents=2,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=3,
+        learning_rate=1e-2,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+    )
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_model_path(),
+        reward_funcs=tagged,
+        args=args,
+        train_dataset=dataset,
+        formatters=[lambda row: "A " + row["prompt"], lambda row: "B " + row["prompt"]],
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]) if kind == "lora" else None,
+    )
+    trainer.train()
+    team = trainer.model
+    fingerprint = [[float(p.detach().double().sum()) for p in team.agent_parameters(i)] for i in range(2)]
+    accelerator = trainer.accelerator
+    with open(f"{out_dir}/rank{accelerator.process_index}.json", "w") as f:
+        json.dump({"fingerprint": fingerprint, "seen": seen, "world": accelerator.num_processes}, f)
 
 
-def tagged(prompts, completions, row_id, **kwargs):
-    for (p0, p1), rid in zip(prompts, row_id):
-        seen.append([p0, p1, rid])
-    return [len(b) / (1 + len(a)) for a, b in completions]
-
-
-dataset = Dataset.from_dict({"prompt": [f"Row {i}: tell a story." for i in range(8)], "row_id": list(range(8))})
-args = MultiAgentGRPOConfig(
-    output_dir=f"{out_dir}/run",
-    num_agents=2,
-    per_device_train_batch_size=4,
-    num_generations=4,
-    max_completion_length=8,
-    max_steps=3,
-    learning_rate=1e-2,
-    report_to="none",
-    save_strategy="no",
-    seed=0,
-)
-trainer = MultiAgentGRPOTrainer(
-    model=tiny_model_path(),
-    reward_funcs=tagged,
-    args=args,
-    train_dataset=dataset,
-    formatters=[lambda row: "A " + row["prompt"], lambda row: "B " + row["prompt"]],
-    peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]) if kind == "lora" else None,
-)
-trainer.train()
-team = trainer.model
-fingerprint = [[float(p.detach().double().sum()) for p in team.agent_parameters(i)] for i in range(2)]
-accelerator = trainer.accelerator
-with open(f"{out_dir}/rank{accelerator.process_index}.json", "w") as f:
-    json.dump({"fingerprint": fingerprint, "seen": seen, "world": accelerator.num_processes}, f)
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
