@@ -113,15 +113,16 @@ def main(script_args: ScriptArguments) -> MAGRPOTrainer:
 
     # Agents: one tokenizer, a separate model instance per agent (or, with --lora, one base and two adapters).
     tokenizer = AutoTokenizer.from_pretrained(model_name)
+    agents, peft_config = None, None
     if script_args.lora:
-        agents, peft_config = None, LoraConfig(
+        peft_config = LoraConfig(
             r=script_args.lora_r,
             lora_alpha=script_args.lora_alpha,
             lora_dropout=script_args.lora_dropout,
             target_modules=script_args.lora_target_modules,
         )
     else:
-        agents, peft_config = [AutoModelForCausalLM.from_pretrained(model_name) for _ in range(2)], None
+        agents = [AutoModelForCausalLM.from_pretrained(model_name) for _ in range(2)]
 
     if script_args.wandb:
         for key, env in (("wandb_project", "WANDB_PROJECT"), ("wandb_entity", "WANDB_ENTITY")):

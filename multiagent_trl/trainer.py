@@ -44,17 +44,10 @@ from .config import MultiAgentGRPOConfig
 from .rewards import apply_processor, bind_reward, cross_credit, cross_tuples
 from .team import AgentTeam, LoraAgentTeam
 
-# Trainer attributes that belong to one agent; `_agent_view(i)` swaps agent i's values in.
-AGENT_ATTRIBUTES = (
-    "processing_class",
-    "_tokenizer",
-    "eos_token_ids",
-    "generation_config",
-    "generation_kwargs",
-    "ref_model",
-    "_metrics",
-    "_logs",
-)
+# Trainer attributes that belong to one agent; `_agent_view(i)` swaps agent i's values in. The first group comes
+# from the agent's model and tokenizer (`_setup_agent`); the rest are its reference model and its own buffers.
+MODEL_ATTRIBUTES = ("processing_class", "_tokenizer", "eos_token_ids", "generation_config", "generation_kwargs")
+AGENT_ATTRIBUTES = (*MODEL_ATTRIBUTES, "ref_model", "_metrics", "_logs")
 
 
 class MultiAgentGRPOTrainer(GRPOTrainer):
@@ -242,7 +235,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._agent_views = []
         for i, (agent, processor, ref_model) in enumerate(zip(models, processing_classes, ref_models, strict=True)):
             prepared = i == 0 or agent is models[0]
-            view = {k: template[k] for k in AGENT_ATTRIBUTES[:5]} if prepared else self._setup_agent(agent, processor)
+            view = {k: template[k] for k in MODEL_ATTRIBUTES} if prepared else self._setup_agent(agent, processor)
             view["ref_model"] = self._setup_ref_model(ref_model)
             view["_metrics"] = copy.deepcopy(template["_metrics"])
             view["_logs"] = copy.deepcopy(template["_logs"])

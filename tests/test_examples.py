@@ -1,36 +1,33 @@
 """The example scripts run from the command line (tiny budgets)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from transformers import AutoModelForCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_story_len_ratio_example_runs_offline(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--lora", "--lora-r", "4"]], ids=["full", "lora"])
+def test_story_len_ratio_example_runs_offline(tmp_path, extra):
     out = tmp_path / "story"
+    script = str(ROOT / "examples" / "story-len-ratio.py")
     result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "story-len-ratio.py"),
-            "--model",
-            "tiny",
-            "--max-steps",
-            "2",
-            "--output-dir",
-            str(out),
-            "--logging-steps",
-            "1",
-        ],
+        [sys.executable, script, "--model", "tiny", "--max-steps", "2", "--output-dir", str(out), *extra],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for i in range(2):
-        assert AutoModelForCausalLM.from_pretrained(out / "models" / f"agent_{i}").config.model_type == "qwen2"
+        agent_dir = out / "models" / f"agent_{i}"
+        if extra:  # an adapter folder for PeftModel.from_pretrained
+            assert json.loads((agent_dir / "adapter_config.json").read_text())["r"] == 4
+        else:
+            assert AutoModelForCausalLM.from_pretrained(agent_dir).config.model_type == "qwen2"
 
 
 def test_story_len_ratio_help_lists_the_flags():
