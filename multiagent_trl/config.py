@@ -38,6 +38,22 @@ class MultiAgentGRPOConfig(GRPOConfig):
             one agent at a time.
         save_merged_models (`bool`, *optional*, defaults to `False`):
             With LoRA adapters, `save_model` also writes `agent_{i}/merged/`, a full model with the adapter merged in.
+        num_turns (`int`, *optional*, defaults to `1`):
+            Turns per episode. With more than one, the trainer's `external_transition` builds each agent's next prompt
+            from the agents' completions (feedback from a checker, tests, the other agent's answer). Every turn is
+            scored by the joint reward; each agent is trained on every turn, with group-relative advantages of the
+            return-to-go. Rollouts are linear: `num_generations` trajectories per prompt, one completion per agent
+            per turn (not `num_generations**num_turns`).
+        discount (`float`, *optional*, defaults to `1.0`):
+            Discount of later turns' rewards in the return-to-go: `R_t = r_t + discount * R_{t+1}`.
+        early_termination_threshold (`float` or `None`, *optional*, defaults to `None`):
+            A trajectory ends after a turn whose joint reward (after the reward processor) exceeds this value: it
+            gets no further transition, reward or gradient. `None` never ends one early.
+        external_prompt_passthrough (`bool`, *optional*, defaults to `False`):
+            For CoMLRL-style transitions only (keyword arguments `agent_completions`, ...): use the prompts they return
+            as they are, instead of passing them to the agent's formatter as `formatter(row, external_prompts=...)`.
+        eval_do_sample (`bool`, *optional*, defaults to `True`):
+            Decoding during evaluation: sampled with the training settings (`True`), or greedy (`False`).
 
     > [!NOTE]
     > Defaults that differ from [`~trl.GRPOConfig`]:
@@ -78,6 +94,25 @@ class MultiAgentGRPOConfig(GRPOConfig):
         metadata={"help": "LoRA teams only: also save each agent's adapter merged into the base, in agent_i/merged/."},
     )
 
+    num_turns: int = field(
+        default=1,
+        metadata={"help": "Turns per episode; more than one needs the trainer's `external_transition`."},
+    )
+    discount: float = field(
+        default=1.0, metadata={"help": "Discount of later turns' rewards in the return-to-go (multi-turn)."}
+    )
+    early_termination_threshold: float | None = field(
+        default=None,
+        metadata={"help": "End a trajectory after a turn whose joint reward exceeds this value (multi-turn)."},
+    )
+    external_prompt_passthrough: bool = field(
+        default=False,
+        metadata={"help": "CoMLRL-style transitions: use their prompts as they are instead of through the formatter."},
+    )
+    eval_do_sample: bool = field(
+        default=True, metadata={"help": "Sample during evaluation (True) or decode greedily (False)."}
+    )
+
     def __post_init__(self):
         # TRL resolves an unset bf16 to True, which fails on a machine without a bf16-capable accelerator. Resolve it
         # from the hardware instead; an explicit choice is left to TRL and transformers to validate.
@@ -104,6 +139,15 @@ class MultiAgentGRPOConfig(GRPOConfig):
                 )
             if any(lr < 0 for lr in self.agent_learning_rates):
                 raise ValueError(f"`agent_learning_rates` must be non-negative, got {self.agent_learning_rates}.")
+        if self.num_turns < 1:
+            raise ValueError(f"`num_turns` must be at least 1, got {self.num_turns}.")
+        if not 0.0 <= self.discount <= 1.0:
+            raise ValueError(f"`discount` must be in [0, 1], got {self.discount}.")
+        if self.num_turns > 1 and self.joint_mode != "aligned":
+            raise ValueError(
+                "`num_turns > 1` needs `joint_mode='aligned'`: a trajectory continues one joint sample per turn, and "
+                "cross tuples have no single continuation."
+            )
         if self.joint_mode == "cross":
             # Cross tuples are formed within a prompt group, so each process must hold whole groups.
             local_batch = self.per_device_train_batch_size * self.steps_per_generation
@@ -143,14 +187,12 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
         max_new_tokens (`int` or `None`, *optional*, defaults to `256`):
             Maximum completion length; maps to `max_completion_length`.
         num_turns (`int`, *optional*, defaults to `1`):
-            Number of turns. Only `1` is supported for now (CoMLRL's default is 2; multi-turn training with
-            `external_transition` is planned); other values raise `NotImplementedError`.
-        discount (`float`, *optional*, defaults to `1.0`):
-            Return discount across turns; only meaningful with `num_turns > 1`.
+            Turns per episode, as in [`MultiAgentGRPOConfig`] (CoMLRL defaults to 2; a one-turn default keeps a
+            script without `external_transition` runnable). `discount` and `external_prompt_passthrough` are the same
+            fields as there.
         early_termination_threshold (`float` or `None`, *optional*, defaults to `-0.2`):
-            Multi-turn early stopping; only meaningful with `num_turns > 1`.
-        external_prompt_passthrough (`bool`, *optional*, defaults to `False`):
-            Multi-turn prompt handling; only meaningful with `num_turns > 1`.
+            CoMLRL's default: a trajectory ends after a turn whose joint reward exceeds it (for rewards that are
+            never negative, after the first turn). Set `None` to run every turn.
         advantage_normalization (`bool`, *optional*, defaults to `True`):
             Divide group-centered rewards by their group standard deviation; maps to `scale_rewards="group"`
             (`True`) or `"none"` (`False`).
@@ -188,13 +230,8 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
     max_new_tokens: int | None = field(
         default=256, metadata={"help": "Maximum completion length (CoMLRL name of `max_completion_length`)."}
     )
-    num_turns: int = field(default=1, metadata={"help": "Number of turns; only 1 is supported for now."})
-    discount: float = field(default=1.0, metadata={"help": "Return discount across turns (multi-turn only)."})
     early_termination_threshold: float | None = field(
-        default=-0.2, metadata={"help": "Multi-turn early stopping threshold (multi-turn only)."}
-    )
-    external_prompt_passthrough: bool = field(
-        default=False, metadata={"help": "Multi-turn prompt passthrough (multi-turn only)."}
+        default=-0.2, metadata={"help": "End a trajectory after a turn whose joint reward exceeds this (CoMLRL)."}
     )
     advantage_normalization: bool = field(
         default=True, metadata={"help": "Scale advantages by the group std (maps to scale_rewards)."}
@@ -206,10 +243,6 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
     reference_kl_coef: float = field(default=0.1, metadata={"help": "KL coefficient when reference_kl_enabled."})
 
     def __post_init__(self):
-        if self.num_turns != 1:
-            raise NotImplementedError(
-                f"`num_turns={self.num_turns}`: multi-turn training is not supported yet. Set `num_turns=1`."
-            )
         if self.advantage_mode != "mean":
             raise NotImplementedError(
                 f"`advantage_mode={self.advantage_mode!r}` is not supported; only 'mean' (the GRPO group baseline) "

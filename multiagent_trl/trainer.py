@@ -43,6 +43,7 @@ from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable
 from .config import MultiAgentGRPOConfig
 from .rewards import apply_processor, bind_reward, cross_credit, cross_tuples
 from .team import AgentTeam, LoraAgentTeam
+from .turns import next_prompts, returns_to_go, transition_style
 
 # Trainer attributes that belong to one agent; `_agent_view(i)` swaps agent i's values in. The first group comes
 # from the agent's model and tokenizer (`_setup_agent`); the rest are its reference model and its own buffers.
@@ -101,6 +102,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             shared, frozen base, named `agent_0` ... `agent_{N-1}`. With a list of models: an adapter on each.
         formatters (callable or one per agent, *optional*):
             `formatter(row) -> prompt` builds an agent's prompt (text or conversation) from a dataset row.
+        external_transition (callable, *optional*):
+            Needed when `args.num_turns > 1`. `external_transition(row, histories, turn) -> prompts`: given the
+            dataset row, each agent's completions so far (`histories[i]`, turns 0..turn) and the index of the turn
+            just played, return each agent's prompt for the next turn. CoMLRL's keyword convention works too (see
+            `multiagent_trl.turns`).
         wandb_config (`dict`, *optional*):
             CoMLRL-style wandb settings (`project`, `entity`, `name`, `tags`); turns on `report_to="wandb"`.
         **kwargs:
@@ -147,6 +153,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         reward_processor: Callable[[float], float] | None = None,
         tokenizer: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
         formatters: Callable | Sequence[Callable] | None = None,
+        external_transition: Callable | None = None,
         wandb_config: dict[str, Any] | None = None,
         **kwargs,
     ):
@@ -198,6 +205,13 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             # Each agent's forward and backward leaves the other agents' parameters unused (DDP must be told).
             args.ddp_find_unused_parameters = True
         self.formatters = _per_agent("formatters", formatters, num_agents)
+        if args.num_turns > 1 and external_transition is None:
+            raise ValueError(
+                f"`num_turns={args.num_turns}` needs `external_transition=`, a function `(row, histories, turn)` that "
+                "returns each agent's next prompt; or set `num_turns=1`."
+            )
+        self.external_transition = external_transition
+        self._transition_style = transition_style(external_transition) if external_transition is not None else None
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             _check_prompt_column(name, dataset, self.formatters)
         reward_funcs = self._bind_reward_funcs(reward_funcs, num_agents)
@@ -469,34 +483,131 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
+        if self.args.num_turns > 1:
+            return self._generate_and_score_episodes(inputs, agent_inputs, mode, num_generations)
 
         # 1. Every agent generates from its own prompts; none sees another's completions.
-        prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
-        completion_ids = self._generate_batched(prompts) if self._batched_generation() else [None] * self.num_agents
-        rollouts = []
-        for i in range(self.num_agents):
-            with self._agent_view(i), self._swap(_single_turn_replay=completion_ids[i]):
-                rollouts.append(self._generate(prompts[i]))
+        rollouts = self._rollouts(agent_inputs, mode)
 
         # 2. Score joint samples once; credit each agent's completions.
         rewards_per_func = self._joint_rewards(inputs, agent_inputs, rollouts, num_generations)  # (rows, F)
-        rewards, names, weights = self._process_rewards(rewards_per_func, mode)
+        joint = self._process_rewards(rewards_per_func, mode)
+        if self.reward_processor is None:  # TRL weighs and normalizes the functions' rewards itself
+            rewards, names, weights = rewards_per_func, self.reward_func_names, self.reward_weights
+        else:
+            rewards, names, weights = joint.unsqueeze(1), ["reward"], torch.ones(1)
         if self.args.joint_mode == "cross":
             credited = [cross_credit(rewards, num_generations, self.num_agents, i) for i in range(self.num_agents)]
         else:
             credited = [rewards] * self.num_agents
 
         # 3. TRL's own scoring per agent: advantages, old/ref log-probs, metrics.
-        outputs = []
-        for i in range(self.num_agents):
-            with (
-                self._agent_view(i),
-                self._swap(_replay=(rollouts[i], credited[i]), reward_func_names=names, reward_weights=weights),
-            ):
-                outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
-
+        outputs = self._score_agents(agent_inputs, rollouts, credited, names, weights)
         self._log_joint_samples(agent_inputs, rollouts, rewards_per_func, outputs, num_generations)
         return {f"agent_{i}/{key}": value for i, output in enumerate(outputs) for key, value in output.items()}
+
+    def _generate_and_score_episodes(self, inputs, agent_inputs, mode: str, num_generations: int) -> dict[str, Any]:
+        """Multi-turn: play `num_turns` turns of `num_generations` linear trajectories per prompt, then train every
+        agent on every turn with group-relative advantages of the discounted return-to-go.
+
+        Trajectory j continues joint sample j: after each turn, `external_transition` turns the agents' completions
+        on that trajectory into their next prompts. A trajectory that ends early (`early_termination_threshold`) keeps
+        its place in the batch so that every process stays in step, but its later turns are masked out: no reward,
+        no transition, no gradient. The loss is the sum over turns of each turn's GRPO loss.
+        """
+        local = torch.arange(len(inputs)) + self.accelerator.process_index * len(inputs)  # rows in gathered tensors
+        prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
+        histories = [[[] for _ in inputs] for _ in range(self.num_agents)]  # [agent][trajectory] -> completions
+        prompt_histories = [[[] for _ in inputs] for _ in range(self.num_agents)]
+        active = torch.ones(len(inputs), dtype=torch.bool, device=self.accelerator.device)
+        turns = []  # (agent_inputs, rollouts, rewards_per_func) of each turn played
+        rewards = []  # joint reward per turn, gathered; NaN where a trajectory has ended
+        for turn in range(self.args.num_turns):
+            playing = gather(active)
+            if turn > 0 and not playing.any():  # every trajectory on every process has ended
+                break
+            turn_inputs = [[{**row, "prompt": p} for row, p in zip(inputs, ps)] for ps in prompts]
+            rollouts = [_mask_rollout(r, active.tolist()) for r in self._rollouts(turn_inputs, mode)]
+            rewards_per_func = self._joint_rewards(inputs, turn_inputs, rollouts, num_generations)
+            rewards_per_func[~playing] = torch.nan
+            rewards.append(self._process_rewards(rewards_per_func, mode, prefix=f"turn_{turn}/"))
+            self._metrics[mode][f"turn_{turn}/active"].append(playing.float().mean().item())
+            turns.append((turn_inputs, rollouts, rewards_per_func))
+
+            threshold = self.args.early_termination_threshold
+            if threshold is not None:
+                active &= ~(rewards[-1][local.to(active.device)] > threshold)
+            if turn == self.args.num_turns - 1:
+                break
+            for j in torch.nonzero(active).flatten().tolist():
+                for i in range(self.num_agents):
+                    histories[i][j].append(rollouts[i][3][j])
+                    prompt_histories[i][j].append(prompts[i][j])
+                step = next_prompts(
+                    self.external_transition,
+                    self._transition_style,
+                    inputs[j],
+                    [h[j] for h in histories],
+                    [h[j] for h in prompt_histories],
+                    turn,
+                    self.formatters,
+                    self.args.external_prompt_passthrough,
+                )
+                for i in range(self.num_agents):
+                    prompts[i][j] = step[i]
+
+        returns = returns_to_go(torch.stack(rewards), self.args.discount)
+        self._metrics[mode]["reward"].append(torch.nanmean(returns[0]).item())  # the episode's (discounted) return
+        self._metrics[mode]["reward_std"].append(nanstd(returns[0]).item())
+        outputs = {}
+        for turn, ((turn_inputs, rollouts, _), turn_returns) in enumerate(zip(turns, returns)):
+            scored = self._score_agents(
+                turn_inputs, rollouts, [turn_returns.unsqueeze(1)] * self.num_agents, ["return"], torch.ones(1)
+            )
+            for i, output in enumerate(scored):
+                outputs.update({f"agent_{i}/turn_{turn}/{key}": value for key, value in output.items()})
+        self._log_episodes(turns, rewards, returns[0], outputs)
+        return outputs
+
+    def _rollouts(self, agent_inputs: list[list[dict]], mode: str) -> list[tuple]:
+        """Every agent generates from its rows' prompts (one `generate` call for all agents of a LoRA team in
+        batched mode); returns TRL's `_generate` output per agent."""
+        prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
+        with self._decoding(mode):
+            completion_ids = (
+                self._generate_batched(prompts) if self._batched_generation() else [None] * self.num_agents
+            )
+            rollouts = []
+            for i in range(self.num_agents):
+                with self._agent_view(i), self._swap(_single_turn_replay=completion_ids[i]):
+                    rollouts.append(self._generate(prompts[i]))
+        return rollouts
+
+    def _score_agents(self, agent_inputs, rollouts, credited, names, weights) -> list[dict[str, Any]]:
+        """TRL's `_generate_and_score_completions` once per agent, replaying its rollout and credited rewards."""
+        outputs = []
+        for i in range(self.num_agents):
+            replay = dict(_replay=(rollouts[i], credited[i]), reward_func_names=names, reward_weights=weights)
+            # TRL reads the number of reward functions from `reward_funcs`; it must match the replayed columns.
+            with self._agent_view(i), self._swap(**replay, reward_funcs=[None] * len(names)):
+                outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
+        return outputs
+
+    @contextmanager
+    def _decoding(self, mode: str) -> Iterator[None]:
+        """Greedy decoding during evaluation when `eval_do_sample=False`; the training settings otherwise."""
+        if mode == "train" or self.args.eval_do_sample:
+            yield
+            return
+        configs = [view["generation_config"] for view in self._agent_views]
+        for view, config in zip(self._agent_views, configs):
+            view["generation_config"] = _greedy(config)
+        try:
+            with self._swap(generation_config=self._agent_views[0]["generation_config"]):
+                yield
+        finally:
+            for view, config in zip(self._agent_views, configs):
+                view["generation_config"] = config
 
     def _joint_rewards(self, inputs, agent_inputs, rollouts, num_generations) -> torch.Tensor:
         """Score the joint samples with every reward function; returns the gathered `(rows, F)` rewards."""
@@ -520,12 +631,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         rows = [inputs[t[0]] for t in tuples]
         return self._calculate_rewards(rows, joint(prompts), joint(completions), joint(completion_ids))
 
-    def _process_rewards(self, rewards_per_func: torch.Tensor, mode: str):
-        """Log the joint reward and apply the reward processor.
-
-        Returns the rewards TRL should turn into advantages, with the function names and weights that go with them:
-        the per-function rewards and TRL's weights, or (with a processor) one processed joint reward of weight 1.
-        """
+    def _process_rewards(self, rewards_per_func: torch.Tensor, mode: str, prefix: str = "") -> torch.Tensor:
+        """The joint reward of each scored tuple (the weighted sum of the functions' rewards, then the reward
+        processor), NaN where no function scored; logs it and each function's rewards under `prefix`."""
         weights = self.reward_weights.to(rewards_per_func.device)
         unscorable = torch.isnan(rewards_per_func).all(dim=1)
         joint = (rewards_per_func * weights).nansum(dim=1)
@@ -533,14 +641,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if self.reward_processor is not None:
             joint = apply_processor(self.reward_processor, joint)
         metrics = self._metrics[mode]
-        metrics["reward"].append(torch.nanmean(joint).item())
-        metrics["reward_std"].append(nanstd(joint).item())
+        metrics[f"{prefix}reward"].append(torch.nanmean(joint).item())
+        metrics[f"{prefix}reward_std"].append(nanstd(joint).item())
         for k, name in enumerate(self.reward_func_names):
-            metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, k]).item())
-            metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[:, k]).item())
-        if self.reward_processor is None:
-            return rewards_per_func, self.reward_func_names, self.reward_weights
-        return joint.unsqueeze(1), ["reward"], torch.ones(1)
+            metrics[f"{prefix}rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, k]).item())
+            metrics[f"{prefix}rewards/{name}/std"].append(nanstd(rewards_per_func[:, k]).item())
+        return joint
 
     def _log_joint_samples(self, agent_inputs, rollouts, rewards_per_func, outputs, num_generations) -> None:
         """Fill the completions table: one row per aligned joint sample, the agents' completions side by side."""
@@ -567,21 +673,36 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             self._logs["rewards"][name].extend(rewards_per_func[:, k].tolist())
         self._logs["advantages"].extend(advantages[0])
 
+    def _log_episodes(self, turns, rewards, episode_returns, outputs) -> None:
+        """Fill the completions table for multi-turn: one row per trajectory, every turn's completions in order."""
+        lines = [[] for _ in range(len(episode_returns))]
+        for turn, (turn_inputs, rollouts, _) in enumerate(turns):
+            completions = [gather_object(rollout[3]) for rollout in rollouts]
+            played = ~torch.isnan(rewards[turn])
+            for j in torch.nonzero(played).flatten().tolist():
+                lines[j].append(f"[turn {turn}]")
+                lines[j].extend(f"[agent_{i}] {_text(c[j])}" for i, c in enumerate(completions))
+            for k, name in enumerate(self.reward_func_names):
+                self._logs["extra"][f"turn_{turn}/{name}"].extend(turns[turn][2][:, k].tolist())
+        self._logs["prompt"].extend(gather_object([row["prompt"] for row in turns[0][0][0]]))
+        self._logs["completion"].extend("\n".join(rows) for rows in lines)
+        self._logs["rewards"]["return"].extend(episode_returns.tolist())
+        self._logs["advantages"].extend(gather(outputs["agent_0/turn_0/advantages"]).tolist())
+
     # ------------------------------------------------------------------ loss and optimization
 
     def _compute_loss(self, model, inputs):
-        # One backward per agent, right after its forward (Trainer runs the last agent's): it frees each agent's
+        # One backward per agent (and per turn), right after its forward (Trainer runs the last one's): it frees each
         # graph before the next forward, lets activation checkpointing recompute with the agent's own LoRA adapter
         # (switching adapters before one joint backward gives wrong gradients), and gives DDP one forward per
         # backward. DeepSpeed's engine counts backward calls as micro-steps, so there the losses are summed instead.
         separate_backward = model.training and torch.is_grad_enabled() and not self.is_deepspeed_enabled
+        parts = _loss_parts(inputs)  # (agent, its batch of one turn)
         total = 0.0
-        for i in range(self.num_agents):
-            prefix = f"agent_{i}/"
-            agent_batch = {key[len(prefix) :]: value for key, value in inputs.items() if key.startswith(prefix)}
+        for k, (i, batch) in enumerate(parts):
             with self._agent_view(i):
-                loss = super()._compute_loss(model, agent_batch)
-                if separate_backward and i < self.num_agents - 1:
+                loss = super()._compute_loss(model, batch)
+                if separate_backward and k < len(parts) - 1:
                     self.accelerator.backward(loss)
                     loss = loss.detach()
             total = total + loss
@@ -702,6 +823,33 @@ def _apply_wandb_config(args: MultiAgentGRPOConfig, wandb_config: dict[str, Any]
     if wandb_config.get("name"):
         args.run_name = wandb_config["name"]
     args.report_to = ["wandb"]
+
+
+def _loss_parts(inputs: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """Split a team batch into `(agent, batch)` parts: keys `agent_{i}/...`, or `agent_{i}/turn_{t}/...` with turns."""
+    parts: dict[str, tuple[int, dict[str, Any]]] = {}
+    for key, value in inputs.items():
+        agent, rest = key.split("/", 1)
+        part = agent
+        if rest.startswith("turn_"):
+            turn, rest = rest.split("/", 1)
+            part = f"{agent}/{turn}"
+        parts.setdefault(part, (int(agent.removeprefix("agent_")), {}))[1][rest] = value
+    return list(parts.values())
+
+
+def _mask_rollout(rollout: tuple, active: list[bool]) -> tuple:
+    """Mark the completions of ended trajectories as not the model's (TRL's `tool_mask`): no loss on them."""
+    completion_ids = rollout[1]
+    tool_mask = [[int(a)] * len(ids) for ids, a in zip(completion_ids, active, strict=True)]
+    return (*rollout[:2], tool_mask, *rollout[3:])
+
+
+def _greedy(config: GenerationConfig) -> GenerationConfig:
+    greedy = copy.deepcopy(config)
+    greedy.do_sample = False
+    greedy.temperature = greedy.top_p = greedy.top_k = greedy.min_p = None
+    return greedy
 
 
 def _text(completion) -> str:

@@ -37,3 +37,18 @@ def test_story_len_ratio_help_lists_the_flags():
     assert result.returncode == 0
     for flag in ("--model", "--wandb", "--wandb-project", "--wandb-entity", "--output-dir", "--learning-rate"):
         assert flag in result.stdout, flag
+
+
+def test_two_turn_checker_example_runs_offline(tmp_path):
+    out = tmp_path / "checker"
+    script = str(ROOT / "examples" / "two-turn-checker.py")
+    result = subprocess.run(
+        [sys.executable, script, "--model", "tiny", "--max-steps", "2", "--output-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "'eval_turn_1/reward'" in result.stdout  # the greedy evaluation printed both turns' rewards
+    for i in range(2):
+        assert AutoModelForCausalLM.from_pretrained(out / "models" / f"agent_{i}").config.model_type == "qwen2"
