@@ -40,6 +40,7 @@ from trl import GRPOTrainer
 from trl.models.utils import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, nanstd
 
+from .checkpointing import save_atomically
 from .config import MultiAgentGRPOConfig
 from .rewards import apply_processor, bind_reward, cross_credit, cross_tuples
 from .team import AgentTeam, LoraAgentTeam
@@ -776,6 +777,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     f"MultiAgentGRPOTrainer with {self.num_agents} agents."
                 )
             self.model.load_agent(i, agent_dir)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        # Unlike Trainer, which writes `checkpoint-N/` in place (a process killed mid-save leaves a partial folder that
+        # `train(resume_from_checkpoint=True)` picks and fails on), write it under another name and rename it once
+        # complete.
+        save_atomically(self, super()._save_checkpoint, model, trial)
 
 
 MAGRPOTrainer = MultiAgentGRPOTrainer
