@@ -1,0 +1,100 @@
+"""A training process killed with SIGKILL, mid-run or during a checkpoint save, resumes with
+`train(resume_from_checkpoint=True)` to the weights of an uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers.trainer_utils import get_last_checkpoint
+
+SCRIPT = Path(__file__).parent / "scripts" / "kill_resume.py"
+MAX_STEPS = 6  # the script's; it saves every 2 steps
+TIMEOUT = 300
+
+
+def start(out_dir: Path, mode: str) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    with open(out_dir / f"{mode}.log", "w") as log:  # a file, not a pipe nobody reads, which could block the run
+        return subprocess.Popen([sys.executable, str(SCRIPT), str(out_dir), mode], stdout=log, stderr=log, env=env)
+
+
+def log_tail(out_dir: Path, mode: str) -> str:
+    return (out_dir / f"{mode}.log").read_text()[-3000:]
+
+
+def run(out_dir: Path, mode: str) -> int:
+    process = start(out_dir, mode)
+    try:
+        return process.wait(timeout=TIMEOUT)
+    finally:
+        process.kill()
+
+
+def resume(out_dir: Path) -> dict:
+    assert run(out_dir, "resume") == 0, log_tail(out_dir, "resume")
+    return json.loads((out_dir / "result.json").read_text())
+
+
+def assert_same_weights(out_dir: Path, expected: dict) -> None:
+    weights = torch.load(out_dir / "weights.pt")
+    assert weights.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def checkpoint_step(path: str) -> int:
+    return int(Path(path).name.rsplit("-", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict:
+    out_dir = tmp_path_factory.mktemp("straight")
+    assert run(out_dir, "straight") == 0, log_tail(out_dir, "straight")
+    assert json.loads((out_dir / "result.json").read_text())["steps"] == list(range(1, MAX_STEPS + 1))
+    return torch.load(out_dir / "weights.pt")
+
+
+def test_killed_mid_run_resumes_to_the_same_weights(tmp_path, straight):
+    process = start(tmp_path, "slow")  # sleeps 1 s after each step: it is still running when the kill comes
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (tmp_path / "run" / "checkpoint-2").is_dir():
+            assert process.poll() is None, "the run ended before its first checkpoint:\n" + log_tail(tmp_path, "slow")
+            assert time.monotonic() < deadline, "no checkpoint-2 in time"
+            time.sleep(0.05)
+        assert process.poll() is None, "the run ended before it could be killed"
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        process.kill()
+    assert not (tmp_path / "result.json").exists()
+
+    last = get_last_checkpoint(str(tmp_path / "run"))
+    assert checkpoint_step(last) in (2, 4)  # 4 only if the kill came late
+    result = resume(tmp_path)
+    assert result["steps"] == list(range(checkpoint_step(last) + 1, MAX_STEPS + 1)), "did not resume from " + last
+    assert result["global_step"] == MAX_STEPS
+    assert_same_weights(tmp_path, straight)
+
+
+def test_killed_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, straight):
+    # The script kills itself in the save at step 4, once both agents are written and before the optimizer is.
+    assert run(tmp_path, "die-in-save") == -signal.SIGKILL, log_tail(tmp_path, "die-in-save")
+    run_dir = tmp_path / "run"
+    half_saved = [p for p in run_dir.rglob("model.safetensors") if "checkpoint-2" not in p.parts]
+    assert len(half_saved) == 2, "the process did not die during the second save"
+    assert not (run_dir / "checkpoint-4").exists()
+    assert get_last_checkpoint(str(run_dir)) == str(run_dir / "checkpoint-2")
+
+    result = resume(tmp_path)
+    assert result["steps"] == [3, 4, 5, 6]
+    assert result["global_step"] == MAX_STEPS
+    assert_same_weights(tmp_path, straight)
+    # The unfinished save's files are gone; the checkpoints are the uninterrupted run's.
+    assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
