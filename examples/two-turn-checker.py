@@ -9,7 +9,7 @@ agent is trained on both turns with group-relative advantages of the discounted 
 
 Run it:
 
-    python examples/two-turn-checker.py --model tiny            # offline, a tiny model built in code: ~3 minutes
+    python examples/two-turn-checker.py --model tiny            # offline, a tiny model built in code: ~2.5 minutes
     python examples/two-turn-checker.py                         # Qwen/Qwen2.5-0.5B from the Hub
 
 Every flag is listed by `--help`. At the end it evaluates with greedy decoding and prints each turn's reward.

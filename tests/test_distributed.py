@@ -20,7 +20,7 @@ def ratio(completions1, completions2):
     return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
 
 
-@pytest.mark.parametrize("kind", ["full", "lora"])
+@pytest.mark.parametrize("kind", ["full", "lora", "multiturn"])
 def test_two_processes_train_the_same_team(tmp_path, tiny_path, kind):
     # On a CPU-only machine `--multi_gpu` starts gloo processes; ACCELERATE_USE_CPU makes transformers treat them as
     # one distributed run.
@@ -37,7 +37,9 @@ def test_two_processes_train_the_same_team(tmp_path, tiny_path, kind):
     for rank in ranks:  # every joint sample pairs both agents' completions of the same row
         assert rank["seen"], "no joint sample was scored"
         for prompt_0, prompt_1, row_id in rank["seen"]:
-            assert prompt_0 == f"A Row {row_id}: tell a story." and prompt_1 == f"B Row {row_id}: tell a story."
+            assert prompt_0.startswith(f"A Row {row_id}: ") and prompt_1.startswith(f"B Row {row_id}: ")
+        second_turns = sum(p.endswith("again.") for p, _, _ in rank["seen"])
+        assert (second_turns > 0) == (kind == "multiturn")
     assert ranks[0]["seen"] != ranks[1]["seen"], "both ranks scored the same samples: no data parallelism"
 
 

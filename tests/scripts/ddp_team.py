@@ -16,6 +16,7 @@ from multiagent_trl.testing import tiny_model_path
 
 
 def main(out_dir: str, kind: str) -> None:
+    """`kind`: "full" (separate models), "lora" (adapters on one base) or "multiturn" (separate models, two turns)."""
     seen = []
 
     def tagged(prompts, completions, row_id, **kwargs):
@@ -35,6 +36,9 @@ def main(out_dir: str, kind: str) -> None:
         report_to="none",
         save_strategy="no",
         seed=0,
+        # "multiturn": a second turn for the trajectories whose first turn scored at most 1 (ranks differ in which)
+        num_turns=2 if kind == "multiturn" else 1,
+        early_termination_threshold=1.0 if kind == "multiturn" else None,
     )
     trainer = MultiAgentGRPOTrainer(
         model=tiny_model_path(),
@@ -43,6 +47,7 @@ def main(out_dir: str, kind: str) -> None:
         train_dataset=dataset,
         formatters=[lambda row: "A " + row["prompt"], lambda row: "B " + row["prompt"]],
         peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]) if kind == "lora" else None,
+        external_transition=lambda row, histories, turn: [f"{agent} Row {row['row_id']}: again." for agent in "AB"],
     )
     trainer.train()
     team = trainer.model
