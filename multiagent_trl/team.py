@@ -22,6 +22,9 @@ from contextlib import contextmanager
 
 import torch
 from peft import PeftModel, set_peft_model_state_dict
+from peft.tuners.lora.layer import Linear as LoraLinear
+from peft.tuners.tuners_utils import BaseTunerLayer
+from peft.utils.other import AuxiliaryTrainingWrapper
 from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel
@@ -165,6 +168,11 @@ class LoraAgentTeam(AgentTeam):
     keeps all agents' adapters trainable. PEFT's active adapter stays at the last forward's, so that activation
     checkpointing recomputes with the right adapter during that agent's backward.
 
+    Generation for all agents at once (`mixed_batch`) adds each agent's LoRA update to its own rows, which are
+    contiguous: with plain LoRA on linear layers and equal shapes, one batched matmul per layer for all agents
+    (`_AgentRowsLora`); otherwise PEFT's mixed-adapter batch, which gathers and scatters the rows of every adapter in
+    every layer at every decoding step.
+
     Args:
         model: A `PeftModel` holding one adapter per name in `adapter_names`.
         adapter_names: The agents' adapter names, in agent order.
@@ -178,15 +186,24 @@ class LoraAgentTeam(AgentTeam):
         self.peft_model = model
         self.adapter_names = list(adapter_names)
         self.active = 0
-        self._batch_adapter_names: list[str] | None = None
-        self._set_trainable()
+        self._batch_rows: list[int] | None = None
+        self._agent_parameters: dict[int, list[nn.Parameter]] = {}
+        model.set_requires_grad(self.adapter_names, requires_grad=True)
+        # Every parameter that belongs to an agent's adapter (a name component is the adapter's name): what
+        # `set_requires_grad` makes trainable, kept to undo PEFT's freezing without walking the model each forward.
+        names = set(self.adapter_names)
+        self._adapter_parameter_list = [
+            p for n, p in model.named_parameters() if p.requires_grad and names.intersection(n.split("."))
+        ]
 
     @property
     def num_agents(self) -> int:
         return len(self.adapter_names)
 
     def _set_trainable(self) -> None:
-        self.peft_model.set_requires_grad(self.adapter_names, requires_grad=True)
+        for p in self._adapter_parameter_list:
+            if not p.requires_grad:
+                p.requires_grad_(True)
 
     def active_model(self) -> PeftModel:
         name = self.adapter_names[self.active]
@@ -200,31 +217,60 @@ class LoraAgentTeam(AgentTeam):
         return [self.peft_model]
 
     def agent_parameters(self, index: int) -> list[nn.Parameter]:
-        marker = f".{self.adapter_names[index]}."
-        return [p for name, p in self.peft_model.named_parameters() if marker in name]
+        if index not in self._agent_parameters:  # the adapters' parameters stay the same objects (loading copies)
+            marker = f".{self.adapter_names[index]}."
+            self._agent_parameters[index] = [p for n, p in self.peft_model.named_parameters() if marker in n]
+        return self._agent_parameters[index]
 
     @contextmanager
     def mixed_batch(self, rows_per_agent: Sequence[int]) -> Iterator[None]:
-        """Generate for all agents in one call: row r of the batch uses the adapter of the agent it belongs to.
+        """Generate for all agents in one call: the batch holds agent 0's `rows_per_agent[0]` rows, then agent 1's,
+        ..., and each row is generated with its agent's adapter.
 
-        PEFT refuses mixed-adapter batches in training mode, so generation inside the block runs in eval mode.
+        Generation inside the block runs in eval mode (PEFT refuses mixed-adapter batches in training mode, and
+        the per-row LoRA update skips dropout).
         """
-        self._batch_adapter_names = [name for name, n in zip(self.adapter_names, rows_per_agent) for _ in range(n)]
+        self._batch_rows = list(rows_per_agent)
         try:
             yield
         finally:
-            self._batch_adapter_names = None
+            self._batch_rows = None
 
     @torch.no_grad()
     def generate(self, *args, **kwargs):
-        if self._batch_adapter_names is None:
+        if self._batch_rows is None:
             return self.active_model().generate(*args, **kwargs)
         was_training = self.peft_model.training
         self.peft_model.eval()
         try:
-            return self.peft_model.generate(*args, adapter_names=self._batch_adapter_names, **kwargs)
+            layers = self._agent_rows_layers(kwargs)
+            if layers is None:  # PEFT's general mixed-adapter batch
+                names = [name for name, n in zip(self.adapter_names, self._batch_rows) for _ in range(n)]
+                return self.peft_model.generate(*args, adapter_names=names, **kwargs)
+            with _AgentRowsLora(layers, self.adapter_names, self._batch_rows):
+                return self.peft_model.generate(*args, **kwargs)
         finally:
             self.peft_model.train(was_training)
+            self._set_trainable()
+
+    def _agent_rows_layers(self, generate_kwargs: dict) -> list[LoraLinear] | None:
+        """The LoRA layers, if `_AgentRowsLora` can run this mixed batch: plain LoRA on linear layers, no adapter
+        merged or disabled, no per-adapter module copies (`modules_to_save`), one output row per input row."""
+        config = generate_kwargs.get("generation_config") or self.peft_model.generation_config
+        for key in ("num_beams", "num_return_sequences"):
+            if (generate_kwargs.get(key) or getattr(config, key, None) or 1) != 1:
+                return None
+        layers = []
+        for module in self.peft_model.modules():
+            if isinstance(module, AuxiliaryTrainingWrapper):
+                return None
+            if isinstance(module, BaseTunerLayer):
+                if type(module) is not LoraLinear or module.merged or module.disable_adapters:
+                    return None
+                if any(module.lora_variant.get(name) or module.use_dora.get(name) for name in self.adapter_names):
+                    return None
+                layers.append(module)
+        return layers
 
     def save_agent(self, index: int, directory: str, state_dict: dict | None = None, merged: bool = False) -> None:
         """Save agent `index`'s adapter to `directory` (`PeftModel.from_pretrained(base, directory)` loads it);
@@ -244,6 +290,70 @@ class LoraAgentTeam(AgentTeam):
     def load_agent(self, index: int, directory: str) -> None:
         _load_adapter(self.peft_model, directory, self.adapter_names[index])
         self._set_trainable()
+
+
+class _AgentRowsLora:
+    """Within the block, each LoRA layer computes its base output and adds each agent's LoRA update to that agent's
+    rows of the batch (contiguous, in agent order), instead of PEFT's active adapter.
+
+    With equal rows per agent and adapters of equal rank, bias-free, in every layer: the agents' A and B matrices
+    are stacked once for the block (the scaling folded into B), and each layer adds one `bmm` pair for all agents.
+    Otherwise each agent's slice of rows goes through its own A and B. Dropout is skipped: generation runs in eval
+    mode. Adapter layers are switched off for the block (PEFT then computes the base output only) and back on after.
+    """
+
+    def __init__(self, layers: list[LoraLinear], adapter_names: list[str], rows_per_agent: list[int]):
+        self.layers = layers
+        self.total_rows = sum(rows_per_agent)
+        bounds = torch.tensor([0, *rows_per_agent]).cumsum(0).tolist()
+        self.slices = {name: slice(start, end) for name, start, end in zip(adapter_names, bounds[:-1], bounds[1:])}
+        self.equal_rows = len(set(rows_per_agent)) == 1
+        self.handles = []
+
+    def _update(self, layer: LoraLinear):
+        """The forward hook of one layer: adds the agents' LoRA updates to its base output."""
+        names = [
+            name for name in self.slices if name in layer.lora_A and self.slices[name].stop > self.slices[name].start
+        ]
+        stacked = None
+        if (
+            self.equal_rows
+            and len(names) == len(self.slices)
+            and len({layer.lora_A[name].weight.shape for name in names}) == 1
+            and all(layer.lora_B[name].bias is None for name in names)
+        ):
+            a = torch.stack([layer.lora_A[name].weight.t() for name in names])  # (agents, in, r)
+            # (agents, r, out), with the scaling folded in
+            b = torch.stack([layer.lora_B[name].weight.t() * layer.scaling[name] for name in names])
+            stacked = (a, b)
+
+        def hook(module, args, kwargs, output):
+            x = args[0] if args else kwargs["x"]
+            if x.shape[0] != self.total_rows:
+                raise RuntimeError(f"A mixed-agent batch has {self.total_rows} rows, but a layer got {x.shape[0]}.")
+            if stacked is not None:
+                a, b = stacked
+                rows = x.to(a.dtype).reshape(a.shape[0], -1, x.shape[-1])  # (agents, rows per agent * tokens, in)
+                return output.add_(torch.bmm(torch.bmm(rows, a), b).view_as(output).to(output.dtype))
+            for name in names:
+                part = self.slices[name]
+                lora_a, lora_b = module.lora_A[name], module.lora_B[name]
+                update = lora_b(lora_a(x[part].to(lora_a.weight.dtype))) * module.scaling[name]
+                output[part] += update.to(output.dtype)
+            return output
+
+        return hook
+
+    def __enter__(self) -> None:
+        for layer in self.layers:
+            self.handles.append(layer.register_forward_hook(self._update(layer), with_kwargs=True))
+            layer.enable_adapters(False)
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
+        for layer in self.layers:
+            layer.enable_adapters(True)  # PEFT leaves only the active adapter trainable; the team restores the rest
 
 
 def _load_adapter(model: PeftModel, directory: str, adapter_name: str) -> None:

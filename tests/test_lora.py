@@ -2,14 +2,14 @@
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel
+from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
 
 from multiagent_trl import MultiAgentGRPOTrainer
 from multiagent_trl.team import LoraAgentTeam
 
-from .conftest import small_args
+from .conftest import PROMPTS, small_args
 
 G = 4
 
@@ -79,6 +79,28 @@ def test_batched_generation_matches_per_agent_generation(tmp_path, tiny_path, pr
     for i in range(2):
         assert torch.equal(completions["batched"][i], completions["per_agent"][i]), f"agent {i}"
     assert not torch.equal(completions["batched"][0], completions["batched"][1])  # the adapters do differ
+
+
+# Equal rows and ranks: one stacked matmul per layer for both agents; otherwise one slice of rows per agent.
+@pytest.mark.parametrize("rows, ranks", [((4, 4), (4, 4)), ((3, 5), (4, 4)), ((4, 4), (4, 8))])
+def test_mixed_batch_generates_what_peft_mixed_adapter_batches_do(tiny_path, rows, ranks):
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_path), lora(r=ranks[0]), adapter_name="agent_0")
+    model.add_adapter("agent_1", lora(r=ranks[1]))
+    team = LoraAgentTeam(model, ["agent_0", "agent_1"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    inputs = tokenizer((PROMPTS * 3)[: sum(rows)], return_tensors="pt", padding=True)
+    settings = dict(max_new_tokens=8, do_sample=False)
+
+    model.eval()
+    expected = model.generate(**inputs, adapter_names=["agent_0"] * rows[0] + ["agent_1"] * rows[1], **settings)
+    team.train()
+    with team.mixed_batch(rows):
+        assert team._agent_rows_layers({}) is not None  # the team's own path runs, not PEFT's
+        completions = team.generate(**inputs, **settings)
+    assert torch.equal(completions, expected)
+    assert team.peft_model.training
+    assert all(p.requires_grad for i in range(2) for p in team.agent_parameters(i))
 
 
 @pytest.mark.parametrize("checkpointing", [True, False])
