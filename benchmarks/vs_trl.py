@@ -1,0 +1,368 @@
+"""Team against TRL: step time, completions per second and peak memory for the same work, side by side.
+
+    python benchmarks/vs_trl.py                    # prints the table (about 5 minutes on 2 CPU cores)
+    python benchmarks/vs_trl.py --update-readme    # also rewrites the README's table between its markers
+
+What is compared, for N = 2 agents, on two models built in code (`multiagent_trl.testing.tiny_model_path`): "tiny"
+(about 90k parameters, where per-step overhead shows) and "bench-4m" (about 4M, where matrix work dominates):
+
+- separate models: (a) one TRL `GRPOTrainer` per agent, each with its own copy of the model, against (b) a 2-agent
+  `MultiAgentGRPOTrainer` (two copies in one `AgentTeam`). Target: (b) <= 1.10x the sum of the N TRL steps.
+- LoRA: (a) one TRL `GRPOTrainer` with a LoRA adapter per agent, against (b) a 2-agent LoRA team (one base, two
+  adapters) with `generation_mode="batched"` (one `generate` call for both agents). Target: (b) <= 0.75x.
+
+Every trainer gets the same prompts, model, settings and reward work: 8 completions of at most 16 tokens per agent and
+step (2 prompts x 4 generations), TRL's defaults otherwise (beta 0, one iteration: after generation, one forward and
+one backward per agent and step, with TRL's default gradient checkpointing).
+
+Step time: the trainers of a case are built once, in one process, and run in rounds of short `train()` runs, one
+trainer after the other (TRL agent 0, TRL agent 1, team; again), so that drift in the machine's speed hits all of them
+alike. A step is timed from `on_step_begin` to its `on_log` (logging every step): generation, rewards, old log-probs
+if any, loss, backward, clipping, optimizer step and logging. The first step of each run warms up and is not timed.
+The table shows medians; "TRL" is the median over the rounds' steps of the sum of the N TRL agents' step times (the
+k-th timed step of each agent in the same round). Completions per second: completions generated per step (all
+agents) over that time. Torch uses the same number of threads everywhere (`--threads`, default: all cores). (Trainers
+stepped in turn from threads in one process would be finer-grained, but each thread gets its own OpenMP pool, whose
+idle workers spin on the cores: TRL's steps took up to 3x longer that way.)
+
+Peak memory: peak RSS is per process and never decreases, so each setup runs alone in a fresh subprocess (the N TRL
+trainers one after the other, or the team) for a few steps, from model loading on. The table shows its peak RSS
+above the RSS after importing the libraries; the peak is restarted there (Linux `/proc/self/clear_refs`), since
+importing briefly peaks higher than small models ever reach.
+
+The 1-minute load average before and after each case is printed: other work on the machine makes times noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+warnings.filterwarnings("ignore", message=".*deprecated.*", category=FutureWarning)
+warnings.filterwarnings("ignore", message=".*pin_memory.*", category=UserWarning)
+
+from transformers import TrainerCallback  # noqa: E402
+from transformers.utils import logging as transformers_logging  # noqa: E402
+
+transformers_logging.disable_progress_bar()  # "Loading weights" bars
+
+NUM_AGENTS = 2
+SIZES = ("tiny", "bench-4m")
+KINDS = ("separate", "lora")
+TARGETS = {"separate": 1.10, "lora": 0.75}
+PROMPTS_PER_STEP = 2
+NUM_GENERATIONS = 4
+MAX_COMPLETION_LENGTH = 16
+README = Path(__file__).resolve().parent.parent / "README.md"
+MARKERS = ("<!-- bench:vs_trl start -->", "<!-- bench:vs_trl end -->")
+
+
+def memory_status_mb() -> dict[str, float]:
+    """This process's resident memory now (`VmRSS`) and its peak (`VmHWM`), from Linux's /proc."""
+    status = Path("/proc/self/status").read_text()
+    return {key: int(re.search(rf"{key}:\s+(\d+) kB", status).group(1)) / 1024 for key in ("VmRSS", "VmHWM")}
+
+
+def reset_peak_memory() -> None:
+    """Restart the peak (`VmHWM`) from the current RSS, so that the peak of the imports does not hide the run's."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def lora_config():
+    from peft import LoraConfig
+
+    return LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+def dataset(steps: int):
+    """Enough rows that a run stays in one epoch (an epoch boundary would add work to one step)."""
+    from datasets import Dataset
+
+    prompts = ["Describe a city in the clouds:", "Tell a joke about dinosaurs:", "Invent a fruit:", "Design a park:"]
+    rows = PROMPTS_PER_STEP * steps
+    return Dataset.from_dict({"prompt": (prompts * rows)[:rows]})
+
+
+def length_reward(prompts, completions, **kwargs) -> list[float]:
+    """TRL reward: the completion's length."""
+    return [float(len(c)) for c in completions]
+
+
+def joint_length_reward(prompts, completions, **kwargs) -> list[float]:
+    """Team reward: the mean length of the agents' completions (the same work per completion as `length_reward`)."""
+    return [sum(len(c) for c in joint) / len(joint) for joint in completions]
+
+
+def settings(output_dir: str, steps: int, **extra) -> dict:
+    return dict(
+        output_dir=output_dir,
+        per_device_train_batch_size=PROMPTS_PER_STEP * NUM_GENERATIONS,
+        num_generations=NUM_GENERATIONS,
+        max_completion_length=MAX_COMPLETION_LENGTH,
+        max_steps=steps,
+        learning_rate=1e-4,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        bf16=False,
+        disable_tqdm=True,
+        seed=0,
+        **extra,
+    )
+
+
+def build(setup: str, kind: str, model_path: str, output_dir: str, steps: int) -> list:
+    """The trainers of one setup: N TRL trainers (`"trl"`, one per agent) or one N-agent team (`"team"`)."""
+    from transformers import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+    peft_config = lora_config() if kind == "lora" else None
+    if setup == "trl":
+        trainers = [
+            GRPOTrainer(
+                model_path,
+                length_reward,
+                args=GRPOConfig(**settings(os.path.join(output_dir, f"trl-{i}"), steps)),
+                train_dataset=dataset(steps),
+                peft_config=peft_config,
+            )
+            for i in range(NUM_AGENTS)
+        ]
+    else:
+        extra = dict(num_agents=NUM_AGENTS, generation_mode="batched")
+        trainers = [
+            MultiAgentGRPOTrainer(
+                model_path,
+                joint_length_reward,
+                args=MultiAgentGRPOConfig(**settings(os.path.join(output_dir, "team"), steps, **extra)),
+                train_dataset=dataset(steps),
+                peft_config=peft_config,
+            )
+        ]
+    for trainer in trainers:
+        trainer.remove_callback(PrinterCallback)  # keep the report readable
+    return trainers
+
+
+# ---------------------------------------------------------------------------------------------------- step time
+
+
+class StepTimer(TrainerCallback):
+    """Times each step from `on_step_begin` to its `on_log`, except the first step of each run."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self.start: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter() if state.global_step > 0 else None
+
+    def on_log(self, args, state, control, **kwargs):
+        if self.start is not None:  # None: the first step, or the summary that ends a run
+            self.times.append(time.perf_counter() - self.start)
+            self.start = None
+
+
+def alternate(trainers: dict, rounds: int, steps_per_run: int) -> dict[str, list[float]]:
+    """Rounds of short runs, one trainer after the other; the timed step times of each trainer."""
+    timers = {name: StepTimer() for name in trainers}
+    for name, trainer in trainers.items():
+        trainer.add_callback(timers[name])
+        trainer.args.max_steps = steps_per_run + 1
+    for _ in range(rounds):
+        for trainer in trainers.values():
+            trainer.train()
+    return {name: timer.times for name, timer in timers.items()}
+
+
+def speed(size: str, kind: str, output_dir: str, rounds: int, steps_per_run: int) -> dict:
+    from multiagent_trl.testing import tiny_model_path
+
+    model_path = tiny_model_path(size)
+    output_dir = os.path.join(output_dir, f"{size}-{kind}")
+    trainers = dict(enumerate(build("trl", kind, model_path, output_dir, steps_per_run + 1)))
+    (trainers["team"],) = build("team", kind, model_path, output_dir, steps_per_run + 1)
+    times = alternate(trainers, rounds, steps_per_run)
+    trl_sums = [sum(step) for step in zip(*(times[i] for i in range(NUM_AGENTS)), strict=True)]
+    completions = NUM_AGENTS * PROMPTS_PER_STEP * NUM_GENERATIONS
+    trl_s, team_s = statistics.median(trl_sums), statistics.median(times["team"])
+    quartiles = statistics.quantiles([t / s for t, s in zip(times["team"], trl_sums, strict=True)], n=4)
+    return {
+        "size": size,
+        "kind": kind,
+        "trl_agent_step_s": [statistics.median(times[i]) for i in range(NUM_AGENTS)],
+        "trl_step_s": trl_s,
+        "team_step_s": team_s,
+        "trl_completions_per_s": completions / trl_s,
+        "team_completions_per_s": completions / team_s,
+        "ratio": team_s / trl_s,
+        "ratio_quartiles": (quartiles[0], quartiles[2]),  # of the per-step ratios, for the spread
+        "steps_measured": len(times["team"]),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- memory
+
+
+def memory_worker(setup: str, size: str, kind: str, output_dir: str, steps: int, threads: int) -> dict:
+    import torch
+    import transformers  # noqa: F401  (the footprint of the libraries, before any model)
+    import trl  # noqa: F401
+
+    import multiagent_trl  # noqa: F401
+    from multiagent_trl.testing import tiny_model_path
+
+    torch.set_num_threads(threads)
+    model_path = tiny_model_path(size)
+    gc.collect()
+    reset_peak_memory()
+    baseline = memory_status_mb()["VmRSS"]
+    for trainer in build(setup, kind, model_path, os.path.join(output_dir, f"memory-{size}-{kind}-{setup}"), steps):
+        trainer.train()  # the N TRL trainers one after the other, held together as in the timed runs
+    return {"peak_rss_mb": memory_status_mb()["VmHWM"], "baseline_rss_mb": baseline}
+
+
+def memory(size: str, kind: str, output_dir: str, steps: int, threads: int) -> dict[str, float]:
+    """Peak RSS above imports of each setup, each in its own process."""
+    results = {}
+    for setup in ("trl", "team"):
+        command = [sys.executable, __file__, "--worker", setup, size, kind, "--output-dir", output_dir]
+        command += ["--memory-steps", str(steps), "--threads", str(threads)]
+        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        result = json.loads(out.strip().splitlines()[-1])
+        results[setup] = result["peak_rss_mb"] - result["baseline_rss_mb"]
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+
+def verdict(result: dict) -> str:
+    return "met" if result["ratio"] <= TARGETS[result["kind"]] else "not met"
+
+
+def table(results: list[dict]) -> str:
+    """A Markdown table: one row per case, TRL and the team side by side."""
+    lines = [
+        f"| model | agents | TRL s/step ({NUM_AGENTS} trainers) | team s/step | time ratio (target) | "
+        "TRL compl./s | team compl./s | TRL peak MB | team peak MB | memory ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        kind = "separate models" if r["kind"] == "separate" else "LoRA adapters"
+        lines.append(
+            f"| {r['size']} | {kind} | {r['trl_step_s']:.3f} | {r['team_step_s']:.3f} | "
+            f"**{r['ratio']:.2f}x** (<= {TARGETS[r['kind']]:.2f}x: {verdict(r)}) | "
+            f"{r['trl_completions_per_s']:.0f} | {r['team_completions_per_s']:.0f} | {r['trl_peak_mb']:.0f} | "
+            f"{r['team_peak_mb']:.0f} | {r['team_peak_mb'] / r['trl_peak_mb']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def readme_block(results: list[dict], args: argparse.Namespace, seconds: float, loads: list[float]) -> str:
+    import torch
+    import transformers
+    import trl
+
+    return "\n".join(
+        [
+            MARKERS[0],
+            f"`python benchmarks/vs_trl.py --update-readme`, {time.strftime('%Y-%m-%d')}: {os.cpu_count()} CPU "
+            f"cores ({platform.machine()}), no GPU, {args.threads} torch threads; torch {torch.__version__}, "
+            f"transformers {transformers.__version__}, TRL {trl.__version__}. {NUM_AGENTS} agents, "
+            f"{PROMPTS_PER_STEP * NUM_GENERATIONS} completions of at most {MAX_COMPLETION_LENGTH} tokens per agent "
+            f"and step, TRL's defaults otherwise; LoRA r=16 on the attention projections. Medians of "
+            f"{results[0]['steps_measured']} timed steps per trainer ({args.rounds} alternating rounds of "
+            f"{args.steps_per_run}); time ratio = team step / sum of the {NUM_AGENTS} TRL steps; peak MB = peak RSS "
+            f"above imports, one process per setup. Whole run {seconds:.0f} s; load average "
+            f"{min(loads):.1f}-{max(loads):.1f}.",
+            "",
+            table(results),
+            MARKERS[1],
+        ]
+    )
+
+
+def update_readme(block: str) -> None:
+    text = README.read_text()
+    pattern = re.compile(re.escape(MARKERS[0]) + r".*?" + re.escape(MARKERS[1]), re.DOTALL)
+    if not pattern.search(text):
+        raise SystemExit(f"README.md has no {MARKERS[0]} ... {MARKERS[1]} block to update.")
+    README.write_text(pattern.sub(lambda _: block, text))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", choices=SIZES, default=list(SIZES))
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    parser.add_argument("--rounds", type=int, default=8, help="Alternating rounds of short runs per case.")
+    parser.add_argument("--steps-per-run", type=int, default=5, help="Timed steps per run (after 1 warm-up step).")
+    parser.add_argument("--memory-steps", type=int, default=2, help="Steps of each memory run.")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, in every process.")
+    parser.add_argument("--no-memory", action="store_true", help="Skip the memory subprocesses.")
+    parser.add_argument("--update-readme", action="store_true", help="Rewrite the README's table with this run.")
+    parser.add_argument("--output-dir", default="/tmp/multiagent_trl_bench_vs_trl")
+    parser.add_argument("--worker", nargs=3, metavar=("SETUP", "SIZE", "KIND"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.worker:
+        setup, size, kind = args.worker
+        print(json.dumps(memory_worker(setup, size, kind, args.output_dir, args.memory_steps, args.threads)))
+        return
+
+    started = time.perf_counter()
+    results, loads = [], []
+    for size in args.sizes:
+        for kind in args.kinds:
+            loads.append(load_average())
+            result = speed(size, kind, args.output_dir, args.rounds, args.steps_per_run)
+            loads.append(load_average())
+            peak = {"trl": float("nan"), "team": float("nan")}
+            if not args.no_memory:
+                peak = memory(size, kind, args.output_dir, args.memory_steps, args.threads)
+            result.update(trl_peak_mb=peak["trl"], team_peak_mb=peak["team"])
+            results.append(result)
+            trl_agents = " + ".join(f"{t:.3f}" for t in result["trl_agent_step_s"])
+            print(
+                f"{size:<9} {kind:<9} TRL {trl_agents} = {result['trl_step_s']:.3f} s/step, team "
+                f"{result['team_step_s']:.3f} s/step: {result['ratio']:.2f}x (per-step quartiles "
+                f"{result['ratio_quartiles'][0]:.2f}-{result['ratio_quartiles'][1]:.2f}); peak MB above imports: "
+                f"TRL {peak['trl']:.0f}, team {peak['team']:.0f}; load average {loads[-2]:.1f} -> {loads[-1]:.1f}",
+                flush=True,
+            )
+    seconds = time.perf_counter() - started
+    print()
+    print(table(results))
+    print()
+    for r in results:
+        print(f"{r['size']} {r['kind']}: {r['ratio']:.2f}x, target <= {TARGETS[r['kind']]:.2f}x: {verdict(r)}")
+    print(f"\ntotal {seconds:.0f} s")
+    if args.update_readme:
+        update_readme(readme_block(results, args, seconds, loads))
+        print(f"updated {README}")
+
+
+if __name__ == "__main__":
+    main()
