@@ -1,6 +1,6 @@
 """Team against TRL: step time, completions per second and peak memory for the same work, side by side.
 
-    python benchmarks/vs_trl.py                    # prints the table (about 5 minutes on 2 CPU cores)
+    python benchmarks/vs_trl.py                    # prints the table (about 6 minutes on 2 CPU cores)
     python benchmarks/vs_trl.py --update-readme    # also rewrites the README's table between its markers
 
 What is compared, for N = 2 agents, on two models built in code (`multiagent_trl.testing.tiny_model_path`): "tiny"
@@ -30,7 +30,8 @@ trainers one after the other, or the team) for a few steps, from model loading o
 above the RSS after importing the libraries; the peak is restarted there (Linux `/proc/self/clear_refs`), since
 importing briefly peaks higher than small models ever reach.
 
-The 1-minute load average before and after each case is printed: other work on the machine makes times noisy.
+Other work on the machine makes times noisy: the share of the CPUs that other processes used during each case's
+timed runs is printed (and its range goes into the README).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import re
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -81,8 +83,24 @@ def reset_peak_memory() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def load_average() -> float:
-    return os.getloadavg()[0]
+class OtherLoad:
+    """How busy other processes kept the CPUs over a block: the machine's busy CPU time (Linux /proc/stat) minus this
+    process's, as a share of all cores' time. Other work makes step times noisy."""
+
+    @staticmethod
+    def _busy_s() -> float:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle and iowait
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self):
+        self.start = (self._busy_s(), sum(os.times()[:2]), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc):
+        busy, own, wall = self._busy_s(), sum(os.times()[:2]), time.perf_counter()
+        other = (busy - self.start[0]) - (own - self.start[1])
+        self.share = max(other, 0.0) / ((wall - self.start[2]) * os.cpu_count())
 
 
 def lora_config():
@@ -278,28 +296,25 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def readme_block(results: list[dict], args: argparse.Namespace, seconds: float, loads: list[float]) -> str:
+def readme_block(results: list[dict], args: argparse.Namespace, seconds: float) -> str:
     import torch
     import transformers
     import trl
 
-    return "\n".join(
-        [
-            MARKERS[0],
-            f"`python benchmarks/vs_trl.py --update-readme`, {time.strftime('%Y-%m-%d')}: {os.cpu_count()} CPU "
-            f"cores ({platform.machine()}), no GPU, {args.threads} torch threads; torch {torch.__version__}, "
-            f"transformers {transformers.__version__}, TRL {trl.__version__}. {NUM_AGENTS} agents, "
-            f"{PROMPTS_PER_STEP * NUM_GENERATIONS} completions of at most {MAX_COMPLETION_LENGTH} tokens per agent "
-            f"and step, TRL's defaults otherwise; LoRA r=16 on the attention projections. Medians of "
-            f"{results[0]['steps_measured']} timed steps per trainer ({args.rounds} alternating rounds of "
-            f"{args.steps_per_run}); time ratio = team step / sum of the {NUM_AGENTS} TRL steps; peak MB = peak RSS "
-            f"above imports, one process per setup. Whole run {seconds:.0f} s; load average "
-            f"{min(loads):.1f}-{max(loads):.1f}.",
-            "",
-            table(results),
-            MARKERS[1],
-        ]
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    description = (
+        f"`python benchmarks/vs_trl.py --update-readme`, {time.strftime('%Y-%m-%d')}: {os.cpu_count()} CPU cores "
+        f"({platform.machine()}), {gpu}, {args.threads} torch threads; torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, TRL {trl.__version__}. {NUM_AGENTS} agents, "
+        f"{PROMPTS_PER_STEP * NUM_GENERATIONS} completions of at most {MAX_COMPLETION_LENGTH} tokens per agent and "
+        f"step, TRL's defaults otherwise; LoRA r=16 on the attention projections. Medians of "
+        f"{results[0]['steps_measured']} timed steps per trainer ({args.rounds} alternating rounds of "
+        f"{args.steps_per_run}); time ratio = team step / sum of the {NUM_AGENTS} TRL steps; peak MB = peak RSS above "
+        f"imports, one process per setup. Whole run {seconds:.0f} s; other processes used "
+        f"{min(r['other_cpu'] for r in results):.0%}-{max(r['other_cpu'] for r in results):.0%} of the CPUs during "
+        "the timed runs."
     )
+    return "\n".join([MARKERS[0], textwrap.fill(description, width=118), "", table(results), MARKERS[1]])
 
 
 def update_readme(block: str) -> None:
@@ -314,7 +329,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", choices=SIZES, default=list(SIZES))
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
-    parser.add_argument("--rounds", type=int, default=8, help="Alternating rounds of short runs per case.")
+    parser.add_argument("--rounds", type=int, default=12, help="Alternating rounds of short runs per case.")
     parser.add_argument("--steps-per-run", type=int, default=5, help="Timed steps per run (after 1 warm-up step).")
     parser.add_argument("--memory-steps", type=int, default=2, help="Steps of each memory run.")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, in every process.")
@@ -333,12 +348,12 @@ def main() -> None:
         return
 
     started = time.perf_counter()
-    results, loads = [], []
+    results = []
     for size in args.sizes:
         for kind in args.kinds:
-            loads.append(load_average())
-            result = speed(size, kind, args.output_dir, args.rounds, args.steps_per_run)
-            loads.append(load_average())
+            with OtherLoad() as other:
+                result = speed(size, kind, args.output_dir, args.rounds, args.steps_per_run)
+            result["other_cpu"] = other.share
             peak = {"trl": float("nan"), "team": float("nan")}
             if not args.no_memory:
                 peak = memory(size, kind, args.output_dir, args.memory_steps, args.threads)
@@ -349,7 +364,7 @@ def main() -> None:
                 f"{size:<9} {kind:<9} TRL {trl_agents} = {result['trl_step_s']:.3f} s/step, team "
                 f"{result['team_step_s']:.3f} s/step: {result['ratio']:.2f}x (per-step quartiles "
                 f"{result['ratio_quartiles'][0]:.2f}-{result['ratio_quartiles'][1]:.2f}); peak MB above imports: "
-                f"TRL {peak['trl']:.0f}, team {peak['team']:.0f}; load average {loads[-2]:.1f} -> {loads[-1]:.1f}",
+                f"TRL {peak['trl']:.0f}, team {peak['team']:.0f}; other processes' CPU use {other.share:.0%}",
                 flush=True,
             )
     seconds = time.perf_counter() - started
@@ -360,7 +375,7 @@ def main() -> None:
         print(f"{r['size']} {r['kind']}: {r['ratio']:.2f}x, target <= {TARGETS[r['kind']]:.2f}x: {verdict(r)}")
     print(f"\ntotal {seconds:.0f} s")
     if args.update_readme:
-        update_readme(readme_block(results, args, seconds, loads))
+        update_readme(readme_block(results, args, seconds))
         print(f"updated {README}")
 
 
