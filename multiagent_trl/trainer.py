@@ -677,14 +677,14 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def _log_episodes(self, turns, rewards, episode_returns, outputs) -> None:
         """Fill the completions table for multi-turn: one row per trajectory, every turn's completions in order."""
         lines = [[] for _ in range(len(episode_returns))]
-        for turn, (turn_inputs, rollouts, _) in enumerate(turns):
+        for turn, (_, rollouts, rewards_per_func) in enumerate(turns):
             completions = [gather_object(rollout[3]) for rollout in rollouts]
             played = ~torch.isnan(rewards[turn])
             for j in torch.nonzero(played).flatten().tolist():
                 lines[j].append(f"[turn {turn}]")
                 lines[j].extend(f"[agent_{i}] {_text(c[j])}" for i, c in enumerate(completions))
             for k, name in enumerate(self.reward_func_names):
-                self._logs["extra"][f"turn_{turn}/{name}"].extend(turns[turn][2][:, k].tolist())
+                self._logs["extra"][f"turn_{turn}/{name}"].extend(rewards_per_func[:, k].tolist())
         self._logs["prompt"].extend(gather_object([row["prompt"] for row in turns[0][0][0]]))
         self._logs["completion"].extend("\n".join(rows) for rows in lines)
         self._logs["rewards"]["return"].extend(episode_returns.tolist())

@@ -1,5 +1,7 @@
 """Multi-turn episodes: transitions, per-turn rewards, advantages of the discounted return-to-go, early termination."""
 
+import re
+
 import pytest
 import torch
 
@@ -34,7 +36,9 @@ def decoded_prompts(trainer, output, agent, turn):
 def test_returns_to_go():
     nan = float("nan")
     rewards = torch.tensor([[1.0, 2.0, 3.0], [10.0, nan, 30.0], [100.0, nan, nan]])
-    expected = torch.tensor([[1 + 0.5 * 10 + 0.25 * 100, 2.0, 3 + 0.5 * 30], [10 + 0.5 * 100, nan, 30.0], [100, nan, nan]])
+    expected = torch.tensor(
+        [[1 + 0.5 * 10 + 0.25 * 100, 2.0, 3 + 0.5 * 30], [10 + 0.5 * 100, nan, 30.0], [100, nan, nan]]
+    )
     torch.testing.assert_close(returns_to_go(rewards, 0.5), expected, equal_nan=True)
 
 
@@ -79,7 +83,9 @@ def test_two_turn_advantages_and_transition(tmp_path, tiny_path, prompts_dataset
 
 def completion_ids_of_turn(output, agent, turn):
     prefix = f"agent_{agent}/turn_{turn}/"
-    return completion_ids_of({f"agent_{agent}/{k[len(prefix):]}": v for k, v in output.items() if k.startswith(prefix)}, agent)
+    return completion_ids_of(
+        {f"agent_{agent}/{k[len(prefix) :]}": v for k, v in output.items() if k.startswith(prefix)}, agent
+    )
 
 
 def test_early_termination_masks_ended_trajectories(tmp_path, tiny_path, prompts_dataset):
@@ -154,15 +160,28 @@ def test_comlrl_transition_and_config(tmp_path, tiny_path, prompts_dataset):
     seen = []
 
     def transition(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
-        seen.append((prompt, num_agents, len(prompt_history_per_agent[0]), agent_completions == [h[-1] for h in response_history_per_agent]))
+        seen.append(
+            (
+                prompt,
+                num_agents,
+                len(prompt_history_per_agent[0]),
+                agent_completions == [h[-1] for h in response_history_per_agent],
+            )
+        )
         return ["fix it", "check it"]
 
     def formatter(row, external_prompts=None):
         return row["prompt"] if external_prompts is None else f"{row['prompt']} -> {external_prompts}"
 
     args = MAGRPOConfig(
-        output_dir=str(tmp_path / "out"), num_turns=2, early_termination_threshold=None, max_new_tokens=8,
-        rollout_buffer_size=2, max_steps=1, report_to="none", save_strategy="no",
+        output_dir=str(tmp_path / "out"),
+        num_turns=2,
+        early_termination_threshold=None,
+        max_new_tokens=8,
+        rollout_buffer_size=2,
+        max_steps=1,
+        report_to="none",
+        save_strategy="no",
     )
     trainer = MultiAgentGRPOTrainer(
         agents=[tiny_path, tiny_path],
@@ -188,7 +207,7 @@ def test_comlrl_transition_and_config(tmp_path, tiny_path, prompts_dataset):
     ],
 )
 def test_multiturn_errors(tmp_path, tiny_path, prompts_dataset, overrides, transition, message):
-    with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)").replace("`", "`")):
+    with pytest.raises((ValueError, TypeError), match=re.escape(message)):
         trainer = trainer_for(tmp_path, tiny_path, prompts_dataset, transition, **overrides)
         trainer.model.train()
         trainer._generate_and_score_completions(generation_batch(prompts_dataset))
