@@ -10,62 +10,66 @@ Run it:
     python examples/story-len-ratio.py --model tiny              # offline, a tiny model built in code: ~2 minutes
     python examples/story-len-ratio.py --model tiny --lora       # one LoRA adapter per agent on one shared base
     python examples/story-len-ratio.py                           # Qwen/Qwen2.5-0.5B from the Hub
+    python examples/story-len-ratio.py --model tiny --beta 0.04 --gradient_accumulation_steps 2
+    python examples/story-len-ratio.py --config examples/configs/tiny.yaml --learning_rate 1e-3
     python examples/story-len-ratio.py --wandb --wandb-project my-project
     accelerate launch --multi_gpu --num_processes 2 examples/story-len-ratio.py
 
-Every flag (also `--config run.yaml`) is listed by `--help`.
+Every field of `MAGRPOConfig` (so every `GRPOConfig` and `TrainingArguments` field), of TRL's `ModelConfig`
+(`--use_peft`, `--lora_r`, `--lora_alpha`, `--lora_target_modules`, `--dtype`, ...) and of `ScriptArguments` below is
+a flag (`--help` lists them; `--max-steps` and `--max_steps` both work) and a key of a YAML file given with
+`--config`. The settings per model live in `examples/configs/`: without `--config`, the script reads `tiny.yaml`
+(`--model tiny`) or `pretrained.yaml` (any other model), or their `-lora` twins with `--lora` / `--use_peft`.
+Flags win over the YAML file.
 """
 
+import argparse
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 from datasets import Dataset
-from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import TrlParser
+from trl import ModelConfig, TrlParser, get_peft_config
 
 from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, RewardProcessors
 from multiagent_trl.testing import tiny_model_path
 
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
 
 @dataclass
 class ScriptArguments:
-    model: str = field(
-        default="Qwen/Qwen2.5-0.5B",
-        metadata={"help": "Model id or local path for both agents; 'tiny' builds a tiny offline model."},
+    """The script's own flags, beside those of `MAGRPOConfig` and TRL's `ModelConfig`."""
+
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Model id or local path for both agents (short for --model_name_or_path); 'tiny' builds a tiny "
+            "offline model. Without --config it also picks the config file: tiny.yaml or pretrained.yaml."
+        },
     )
-    output_dir: str = field(default="./magrpo_multi_reward_output", metadata={"help": "Where models are saved."})
-    epochs: float | None = field(default=None, metadata={"help": "Training epochs (3; 40 for the tiny model)."})
-    max_steps: int = field(default=-1, metadata={"help": "Stop after this many steps (overrides epochs)."})
-    learning_rate: float | None = field(
-        default=None, metadata={"help": "Learning rate (5e-5; 3e-3 for the tiny model, which starts random)."}
+    lora: bool = field(
+        default=False,
+        metadata={"help": "Train one LoRA adapter per agent on one shared base (short for --use_peft)."},
     )
-    num_generations: int = field(default=8, metadata={"help": "Completions per agent per prompt."})
-    max_new_tokens: int | None = field(default=None, metadata={"help": "Completion length (128; 32 for tiny)."})
-    logging_steps: int | None = field(default=None, metadata={"help": "Log every this many steps (10; 5 tiny)."})
-    seed: int = field(default=42, metadata={"help": "Random seed."})
-    lora: bool = field(default=False, metadata={"help": "Train one LoRA adapter per agent on one shared base."})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (alpha / r scales the update)."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input."})
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        metadata={"help": "Modules that get an adapter (never lm_head)."},
-    )
-    wandb: bool = field(default=False, metadata={"help": "Log to Weights & Biases."})
+    wandb: bool = field(default=False, metadata={"help": "Log to Weights & Biases (short for --report_to wandb)."})
     wandb_project: str | None = field(default=None, metadata={"help": "W&B project (optional)."})
     wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity (optional)."})
 
 
-# Defaults per model: a randomly initialised tiny model needs a far larger learning rate and more epochs; LoRA
-# adapters take a larger learning rate than full fine-tuning.
-DEFAULTS = {
-    ("tiny", False): dict(epochs=40, learning_rate=3e-3, max_new_tokens=32, logging_steps=5),
-    ("tiny", True): dict(epochs=40, learning_rate=2e-2, max_new_tokens=32, logging_steps=5),
-    ("pretrained", False): dict(epochs=3, learning_rate=5e-5, max_new_tokens=128, logging_steps=10),
-    ("pretrained", True): dict(epochs=3, learning_rate=2e-4, max_new_tokens=128, logging_steps=10),
+# GRPO fields that MAGRPOConfig overwrites from their CoMLRL twins after parsing (see its docstring). A value the
+# user gave for one of them must not vanish silently.
+COMLRL_TWINS = {
+    "learning_rate": "agent_learning_rate",
+    "max_completion_length": "max_new_tokens",
+    "scale_rewards": "advantage_normalization",
+    "per_device_train_batch_size": "rollout_buffer_size",
+    "beta": "reference_kl_coef",
+    "eval_steps": "eval_interval",
 }
 
 TRAIN_PROMPTS = [
@@ -100,55 +104,98 @@ def proper_length_ratio_reward(completions1, completions2, target_min=2.0, targe
     return rewards
 
 
-def main(script_args: ScriptArguments) -> MAGRPOTrainer:
-    model_name = tiny_model_path() if script_args.model == "tiny" else script_args.model
-    defaults = DEFAULTS["tiny" if script_args.model == "tiny" else "pretrained", script_args.lora]
-    setting = {
-        key: getattr(script_args, key) if getattr(script_args, key) is not None else value
-        for key, value in defaults.items()
-    }
+# ------------------------------------------------------------------------------------------------ command line
+
+
+def with_default_config(argv: list[str]) -> list[str]:
+    """`argv` with `--config examples/configs/<tiny|pretrained>[-lora].yaml` in front, unless it names a config."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    pre.add_argument("--model")
+    pre.add_argument("--model_name_or_path", "--model-name-or-path")
+    for flag in ("--lora", "--use_peft", "--use-peft"):
+        pre.add_argument(flag, nargs="?", const="true", default="false")
+    known, _ = pre.parse_known_args(argv)
+    if known.model and known.model_name_or_path and known.model != known.model_name_or_path:
+        raise ValueError(
+            f"--model {known.model} and --model_name_or_path {known.model_name_or_path} disagree: give only one."
+        )
+    if known.config:
+        return argv
+    model = known.model or known.model_name_or_path
+    lora = any(str(value).lower() in ("true", "yes", "t", "y", "1") for value in (known.lora, known.use_peft))
+    name = ("tiny" if model == "tiny" else "pretrained") + ("-lora" if lora else "")
+    return ["--config", str(CONFIGS / f"{name}.yaml"), *argv]
+
+
+def flags_and_yaml_keys(argv: list[str]) -> tuple[set[str], set[str]]:
+    """The field names set by flags on the command line, and those set in the `--config` file."""
+    import yaml
+
+    flags = {arg[2:].split("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")} - {"config"}
+    with open(argv[argv.index("--config") + 1]) as file:
+        return flags, set(yaml.safe_load(file) or {})
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MAGRPOConfig, ModelConfig]:
+    """Parse the flags and the YAML config into the script's arguments, a `MAGRPOConfig` and TRL's `ModelConfig`."""
+    argv = with_default_config(sys.argv[1:] if argv is None else list(argv))
+    parser = TrlParser((ScriptArguments, MAGRPOConfig, ModelConfig))
+    script_args, config, model_args = parser.parse_args_and_config(argv)
+    # The values as given (YAML then flags), before MAGRPOConfig.__post_init__ maps CoMLRL fields onto GRPO ones.
+    config_at = argv.index("--config")
+    raw, _ = parser.parse_known_args(argv[:config_at] + argv[config_at + 2 :])
+    flags, yaml_keys = flags_and_yaml_keys(argv)
+    for name, twin in COMLRL_TWINS.items():
+        # A flag of the CoMLRL twin may override the GRPO name's YAML value; anything else that is lost is an error.
+        given = name in flags or (name in yaml_keys and twin not in flags)
+        if given and getattr(raw, name) != getattr(config, name):
+            raise ValueError(
+                f"`{name}={getattr(raw, name)!r}` was replaced by {getattr(config, name)!r}: MAGRPOConfig sets "
+                f"`{name}` from its CoMLRL field `{twin}`, which wins. Set `{twin}` instead of `{name}`."
+            )
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        raise ValueError("--load_in_4bit / --load_in_8bit are not supported by this example: remove them.")
+    if script_args.wandb:
+        config.report_to = ["wandb"]
+        for key, env in (("wandb_project", "WANDB_PROJECT"), ("wandb_entity", "WANDB_ENTITY")):
+            if getattr(script_args, key):
+                os.environ[env] = getattr(script_args, key)
+    model_args.use_peft = model_args.use_peft or script_args.lora
+    model_args.model_name_or_path = script_args.model or model_args.model_name_or_path
+    return script_args, config, model_args
+
+
+# --------------------------------------------------------------------------------------------------- the tutorial
+
+
+def main(script_args: ScriptArguments, config: MAGRPOConfig, model_args: ModelConfig) -> MAGRPOTrainer:
+    """The tutorial: dataset, agents and trainer from the parsed settings; trains, saves, returns the trainer."""
+    model_name = model_args.model_name_or_path
+    model_name = tiny_model_path() if model_name == "tiny" else model_name
+    output_dir = config.output_dir
 
     # Dataset: creative prompts, the same for both agents.
     train_dataset = Dataset.from_dict({"prompt": TRAIN_PROMPTS})
 
     # Agents: one tokenizer, a separate model instance per agent (or, with --lora, one base and two adapters).
-    tokenizer = AutoTokenizer.from_pretrained(model_name)
-    agents, peft_config = None, None
-    if script_args.lora:
-        peft_config = LoraConfig(
-            r=script_args.lora_r,
-            lora_alpha=script_args.lora_alpha,
-            lora_dropout=script_args.lora_dropout,
-            target_modules=script_args.lora_target_modules,
-        )
-    else:
-        agents = [AutoModelForCausalLM.from_pretrained(model_name) for _ in range(2)]
-
-    if script_args.wandb:
-        for key, env in (("wandb_project", "WANDB_PROJECT"), ("wandb_entity", "WANDB_ENTITY")):
-            if getattr(script_args, key):
-                os.environ[env] = getattr(script_args, key)
-
-    config = MAGRPOConfig(
-        output_dir=script_args.output_dir,
-        num_train_epochs=setting["epochs"],
-        max_steps=script_args.max_steps,
-        agent_learning_rate=setting["learning_rate"],
-        logging_steps=setting["logging_steps"],
-        num_generations=script_args.num_generations,
-        num_turns=1,
-        max_new_tokens=setting["max_new_tokens"],
-        seed=script_args.seed,
-        report_to=["wandb"] if script_args.wandb else "none",
-        save_strategy="no",
+    load = dict(
+        revision=model_args.model_revision, dtype=model_args.dtype, attn_implementation=model_args.attn_implementation
     )
+    tokenizer = AutoTokenizer.from_pretrained(model_name, revision=model_args.model_revision)
+    peft_config = get_peft_config(model_args)  # None unless --use_peft / --lora
+    agents, base = None, None
+    if peft_config is None:
+        agents = [AutoModelForCausalLM.from_pretrained(model_name, **load) for _ in range(config.num_agents)]
+    else:
+        base = AutoModelForCausalLM.from_pretrained(model_name, **load)
 
     # RewardProcessors.scale multiplies the task reward by 100; group normalization of the advantages largely
     # cancels a positive scale, so it is not a 100x stronger policy gradient.
     configured_reward_func = partial(proper_length_ratio_reward, target_min=2, target_max=3)
     trainer = MAGRPOTrainer(
         agents=agents,
-        model=model_name if script_args.lora else None,
+        model=base,
         peft_config=peft_config,
         reward_func=configured_reward_func,
         reward_processor=RewardProcessors.scale(factor=100.0),
@@ -157,10 +204,9 @@ def main(script_args: ScriptArguments) -> MAGRPOTrainer:
         tokenizer=tokenizer,
     )
     trainer.train()
-    trainer.save_model(f"{script_args.output_dir}/models")
+    trainer.save_model(f"{output_dir}/models")
     return trainer
 
 
 if __name__ == "__main__":
-    (script_args,) = TrlParser(ScriptArguments).parse_args_and_config()
-    main(script_args)
+    main(*parse_args())

@@ -11,43 +11,45 @@ Run it:
 
     python examples/two-turn-checker.py --model tiny            # offline, a tiny model built in code: ~2.5 minutes
     python examples/two-turn-checker.py                         # Qwen/Qwen2.5-0.5B from the Hub
+    python examples/two-turn-checker.py --model tiny --num_turns 3 --discount 0.9
+    accelerate launch --multi_gpu --num_processes 2 examples/two-turn-checker.py
 
-Every flag is listed by `--help`. At the end it evaluates with greedy decoding and prints each turn's reward.
+Every field of `MultiAgentGRPOConfig`, of TRL's `ModelConfig` (`--use_peft`, `--lora_r`, ...) and of
+`ScriptArguments` below is a flag (`--help` lists them) and a key of a YAML file given with `--config`. The settings
+per model live in `examples/configs/`: without `--config`, the script reads `two-turn-checker-tiny.yaml`
+(`--model tiny`) or `two-turn-checker-pretrained.yaml` (any other model). Flags win over the YAML file. At the end it
+evaluates with greedy decoding and prints each turn's reward.
 """
 
+import argparse
 import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from datasets import Dataset
-from trl import TrlParser
+from transformers import AutoModelForCausalLM
+from trl import ModelConfig, TrlParser, get_peft_config
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 from multiagent_trl.testing import tiny_model_path
 
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
 
 @dataclass
 class ScriptArguments:
-    model: str = field(
-        default="Qwen/Qwen2.5-0.5B",
-        metadata={"help": "Model id or local path for both agents; 'tiny' builds a tiny offline model."},
-    )
-    output_dir: str = field(default="./two_turn_checker_output", metadata={"help": "Where models are saved."})
-    epochs: float | None = field(default=None, metadata={"help": "Training epochs (3; 40 for the tiny model)."})
-    max_steps: int = field(default=-1, metadata={"help": "Stop after this many steps (overrides epochs)."})
-    learning_rate: float | None = field(
-        default=None, metadata={"help": "Learning rate (5e-5; 3e-3 for the tiny model, which starts random)."}
-    )
-    num_generations: int = field(default=8, metadata={"help": "Trajectories per prompt (G)."})
-    max_new_tokens: int | None = field(default=None, metadata={"help": "Tokens per turn (128; 24 for tiny)."})
-    discount: float = field(default=1.0, metadata={"help": "Discount of turn 1's reward in turn 0's return."})
-    seed: int = field(default=42, metadata={"help": "Random seed."})
-    wandb: bool = field(default=False, metadata={"help": "Log to Weights & Biases."})
+    """The script's own flags, beside those of `MultiAgentGRPOConfig` and TRL's `ModelConfig`."""
 
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Model id or local path for both agents (short for --model_name_or_path); 'tiny' builds a tiny "
+            "offline model. Without --config it also picks the config file."
+        },
+    )
+    wandb: bool = field(default=False, metadata={"help": "Log to Weights & Biases (short for --report_to wandb)."})
 
-DEFAULTS = {
-    "tiny": dict(epochs=40, learning_rate=3e-3, max_new_tokens=24),
-    "pretrained": dict(epochs=3, learning_rate=5e-5, max_new_tokens=128),
-}
 
 TASKS = [
     "Describe a city in the clouds:",
@@ -82,34 +84,51 @@ def checker_feedback(row: dict, histories: list[list[str]], turn: int) -> list[s
     ]
 
 
-def main(script_args: ScriptArguments) -> MultiAgentGRPOTrainer:
-    model = tiny_model_path() if script_args.model == "tiny" else script_args.model
-    setting = {
-        key: value if getattr(script_args, key) is None else getattr(script_args, key)
-        for key, value in DEFAULTS["tiny" if script_args.model == "tiny" else "pretrained"].items()
-    }
+def with_default_config(argv: list[str]) -> list[str]:
+    """`argv` with `--config examples/configs/two-turn-checker-<tiny|pretrained>.yaml` first, unless it names one."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    pre.add_argument("--model")
+    pre.add_argument("--model_name_or_path", "--model-name-or-path")
+    known, _ = pre.parse_known_args(argv)
+    if known.model and known.model_name_or_path and known.model != known.model_name_or_path:
+        raise ValueError(
+            f"--model {known.model} and --model_name_or_path {known.model_name_or_path} disagree: give only one."
+        )
+    if known.config:
+        return argv
+    name = "tiny" if (known.model or known.model_name_or_path) == "tiny" else "pretrained"
+    return ["--config", str(CONFIGS / f"two-turn-checker-{name}.yaml"), *argv]
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MultiAgentGRPOConfig, ModelConfig]:
+    """Parse the flags and the YAML config into the script's arguments, the trainer's config and TRL's ModelConfig."""
+    argv = with_default_config(sys.argv[1:] if argv is None else list(argv))
+    parser = TrlParser((ScriptArguments, MultiAgentGRPOConfig, ModelConfig))
+    script_args, args, model_args = parser.parse_args_and_config(argv)
+    if args.num_agents != 2:
+        raise ValueError(f"`num_agents={args.num_agents}`: the checker compares two answers; set `--num_agents 2`.")
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        raise ValueError("--load_in_4bit / --load_in_8bit are not supported by this example: remove them.")
     if script_args.wandb:
+        args.report_to = ["wandb"]
         os.environ.setdefault("WANDB_PROJECT", "multiagent-trl")
-    args = MultiAgentGRPOConfig(
-        output_dir=script_args.output_dir,
-        num_agents=2,
-        num_turns=2,
-        discount=script_args.discount,
-        early_termination_threshold=-1e-6,  # the check passed: the episode ends
-        num_train_epochs=setting["epochs"],
-        max_steps=script_args.max_steps,
-        learning_rate=setting["learning_rate"],
-        num_generations=script_args.num_generations,
-        per_device_train_batch_size=2 * script_args.num_generations,  # two tasks per step
-        max_completion_length=setting["max_new_tokens"],
-        eval_do_sample=False,  # evaluate the greedy policy: one trajectory per task is enough
-        num_generations_eval=1,
-        per_device_eval_batch_size=len(TASKS),
-        logging_steps=5,
-        seed=script_args.seed,
-        report_to=["wandb"] if script_args.wandb else "none",
-        save_strategy="no",
+    model_args.model_name_or_path = script_args.model or model_args.model_name_or_path
+    return script_args, args, model_args
+
+
+def main(script_args: ScriptArguments, args: MultiAgentGRPOConfig, model_args: ModelConfig) -> MultiAgentGRPOTrainer:
+    """Train the writer and the editor, evaluate them greedily, save them; returns the trainer."""
+    name = model_args.model_name_or_path
+    name = tiny_model_path() if name == "tiny" else name
+    load = dict(
+        revision=model_args.model_revision, dtype=model_args.dtype, attn_implementation=model_args.attn_implementation
     )
+    peft_config = get_peft_config(model_args)  # None unless --use_peft
+    if peft_config is None:  # a separate model per agent
+        model = [AutoModelForCausalLM.from_pretrained(name, **load) for _ in range(args.num_agents)]
+    else:  # one base, one LoRA adapter per agent
+        model = AutoModelForCausalLM.from_pretrained(name, **load)
     tasks = Dataset.from_dict({"prompt": TASKS})
     trainer = MultiAgentGRPOTrainer(
         model=model,
@@ -117,15 +136,15 @@ def main(script_args: ScriptArguments) -> MultiAgentGRPOTrainer:
         args=args,
         train_dataset=tasks,
         eval_dataset=tasks,
+        peft_config=peft_config,
         external_transition=checker_feedback,
     )
     trainer.train()
     metrics = trainer.evaluate()
     print({key: round(value, 3) for key, value in metrics.items() if "reward" in key and "/std" not in key})
-    trainer.save_model(f"{script_args.output_dir}/models")
+    trainer.save_model(f"{args.output_dir}/models")
     return trainer
 
 
 if __name__ == "__main__":
-    (script_args,) = TrlParser(ScriptArguments).parse_args_and_config()
-    main(script_args)
+    main(*parse_args())
