@@ -1,12 +1,21 @@
 """Checkpoints hold every agent; resuming continues to the same weights as an uninterrupted run."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 import torch
 
 from multiagent_trl import MultiAgentGRPOTrainer
+from multiagent_trl.checkpointing import publishes
 
 from .conftest import small_args
+
+TWO_NODES = Path(__file__).parent / "scripts" / "two_nodes.py"
 
 
 def ratio(completions1, completions2):
@@ -63,3 +72,70 @@ def test_saves_are_published_whole_with_the_best_checkpoint_and_rotation(tmp_pat
     assert save(6) == ["checkpoint-2", "checkpoint-6"]
     assert not (out / "checkpoint-6" / "stale.txt").exists()
     assert (out / "checkpoint-6" / "agent_1" / "model.safetensors").exists()
+
+
+# Node main processes (their ranks) and the storage each one writes to: one publisher per storage, the lowest rank.
+@pytest.mark.parametrize(
+    "storages, publishers",
+    [
+        ({0: "local"}, {0}),  # one node
+        ({0: "nfs", 8: "nfs"}, {0}),  # shared filesystem: node 1 must not rename too
+        ({0: "disk0", 8: "disk1"}, {0, 8}),  # node-local disks: each node publishes its own folder
+        ({0: "nfs", 4: "disk1", 8: "nfs", 12: "disk3"}, {0, 4, 12}),
+    ],
+)
+def test_one_process_per_storage_renames(storages, publishers):
+    for rank, storage in storages.items():
+        visible = [r for r, s in storages.items() if s == storage]  # the markers this node's main process sees
+        assert publishes(rank, True, visible) == (rank in publishers), rank
+        assert not publishes(rank + 1, False, visible)  # not a node's main process
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_publish_what_trainer_writes_on_each_storage(tmp_path):
+    # Two processes, each its node's main process (LOCAL_RANK=0), on a shared output dir and on per-node dirs.
+    port = free_port()
+    processes = []
+    for rank in range(2):
+        env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1", "RANK": str(rank),
+               "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port)}  # fmt: skip
+        log = open(tmp_path / f"log{rank}", "w")
+        processes.append(
+            subprocess.Popen([sys.executable, str(TWO_NODES), str(tmp_path)], stdout=log, stderr=log, env=env)
+        )
+    try:
+        codes = [p.wait(timeout=300) for p in processes]
+    finally:
+        for p in processes:
+            p.kill()
+    assert codes == [0, 0], "\n".join((tmp_path / f"log{r}").read_text()[-3000:] for r in range(2))
+
+    published = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for layout in ("shared-each_node=False", "shared-each_node=True"):
+        assert [p[layout] for p in published] == [True, False], layout
+        folder = tmp_path / layout
+        assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["checkpoint-2"], layout
+        checkpoint = folder / "checkpoint-2"
+        assert sorted(p.name for p in checkpoint.glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
+        assert (checkpoint / "agent_1" / "model.safetensors").exists() and (checkpoint / "optimizer.pt").exists()
+    for each_node in (False, True):
+        layout = f"local-each_node={each_node}"
+        assert [p[layout] for p in published] == [True, True], layout
+        for rank in range(2):
+            folder = tmp_path / layout / f"node{rank}"
+            saves_model = rank == 0 or each_node
+            # Rotation (save_total_limit=1) is Trainer's: only on nodes that save the model.
+            expected = ["checkpoint-2"] if saves_model else ["checkpoint-1", "checkpoint-2"]
+            assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == expected, (layout, rank)
+            checkpoint = folder / "checkpoint-2"
+            assert [p.name for p in checkpoint.glob("rng_state*")] == [f"rng_state_{rank}.pth"], (layout, rank)
+            # Weights only on node 0: transformers 5.24's `save_pretrained` writes them on global rank 0 alone.
+            assert (checkpoint / "agent_1" / "model.safetensors").exists() == (rank == 0), (layout, rank)
+            assert (checkpoint / "agent_1" / "tokenizer.json").exists() == saves_model, (layout, rank)
+            assert (checkpoint / "optimizer.pt").exists() == saves_model, (layout, rank)
