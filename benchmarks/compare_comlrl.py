@@ -94,24 +94,34 @@ class RecordedReward:
 
 @dataclass
 class Settings:
-    """What both libraries share (flags of the same names)."""
+    """What both libraries share (flags of the same names, `--learning-rate` or `--learning_rate`)."""
 
-    epochs: int = 40
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    learning_rate: float = 3e-3
-    num_generations: int = 8
-    max_new_tokens: int = 32
-    rollout_buffer_size: int = 2
-    temperature: float = 0.6
-    top_p: float = 0.6
-    top_k: int = 50
-    ours_optimizer: str = "matched"
-    comlrl_python: str = DEFAULT_COMLRL_PYTHON
-    jobs: int = 2
-    threads: int = 0  # 0: the CPU count divided by jobs
-    bin_samples: int = 0  # 0: one epoch (len(TRAIN_PROMPTS) * num_generations)
-    threshold: float = 90.0
-    json_out: str | None = None
+    epochs: int = field(default=40, metadata={"help": "Training epochs (passes of 10 prompts)."})
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds, each run per library."})
+    learning_rate: float = field(default=3e-3, metadata={"help": "Learning rate of both agents, in both libraries."})
+    num_generations: int = field(default=8, metadata={"help": "Completions per agent per prompt."})
+    max_new_tokens: int = field(default=32, metadata={"help": "Completion length."})
+    rollout_buffer_size: int = field(default=2, metadata={"help": "Prompts per optimizer step."})
+    temperature: float = field(default=0.6, metadata={"help": "Sampling temperature."})
+    top_p: float = field(default=0.6, metadata={"help": "Nucleus sampling probability."})
+    top_k: int = field(default=50, metadata={"help": "Top-k sampling."})
+    ours_optimizer: str = field(
+        default="matched",
+        metadata={
+            "help": "'matched': constant LR, weight decay 0.01, no clipping, like CoMLRL's AdamW.",
+            "choices": ["matched", "trl-default"],
+        },
+    )
+    comlrl_python: str = field(default=DEFAULT_COMLRL_PYTHON, metadata={"help": "Interpreter of the CoMLRL venv."})
+    jobs: int = field(default=2, metadata={"help": "Training runs at once (CoMLRL's first)."})
+    threads: int = field(
+        default=0, metadata={"help": "Torch threads per run; 0 means the CPU count divided by --jobs."}
+    )
+    bin_samples: int = field(default=0, metadata={"help": "Samples per table row; 0 means one epoch."})
+    threshold: float = field(
+        default=90.0, metadata={"help": "Report the samples needed for a bin mean reward of at least this."}
+    )
+    json_out: str | None = field(default=None, metadata={"help": "Also write curves and summary to this JSON file."})
 
     @property
     def samples_per_step(self) -> int:
@@ -231,7 +241,7 @@ def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str
     return {"step_rewards": None, "raw_rewards": reward.rewards, "train_seconds": wall, "train_cpu_seconds": cpu}
 
 
-def run_worker(args: argparse.Namespace, settings: Settings) -> None:
+def run_worker(args: WorkerArguments, settings: Settings) -> None:
     train = train_ours if args.worker == "multiagent_trl" else train_comlrl
     with tempfile.TemporaryDirectory() as output_dir:
         result = train(settings, args.model_path, args.seed, output_dir)
@@ -441,52 +451,24 @@ def settings_to_flags(settings: Settings) -> list[str]:
     return flags
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Settings]:
-    defaults = Settings()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=defaults.epochs, help="Training epochs (passes of 10 prompts).")
-    parser.add_argument("--seeds", type=int, nargs="+", default=defaults.seeds, help="Seeds, each run per library.")
-    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
-    parser.add_argument("--num-generations", type=int, default=defaults.num_generations)
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
-    parser.add_argument(
-        "--rollout-buffer-size", type=int, default=defaults.rollout_buffer_size, help="Prompts per optimizer step."
-    )
-    parser.add_argument("--temperature", type=float, default=defaults.temperature)
-    parser.add_argument("--top-p", type=float, default=defaults.top_p)
-    parser.add_argument("--top-k", type=int, default=defaults.top_k)
-    parser.add_argument(
-        "--ours-optimizer",
-        choices=("matched", "trl-default"),
-        default=defaults.ours_optimizer,
-        help="'matched': constant LR, weight decay 0.01, no clipping, like CoMLRL's AdamW.",
-    )
-    parser.add_argument("--comlrl-python", default=defaults.comlrl_python, help="Interpreter of the CoMLRL venv.")
-    parser.add_argument("--jobs", type=int, default=defaults.jobs, help="Training runs at once (CoMLRL's first).")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=defaults.threads,
-        help="Torch threads per run; 0 means the CPU count divided by --jobs.",
-    )
-    parser.add_argument(
-        "--bin-samples", type=int, default=defaults.bin_samples, help="Samples per table row; 0 means one epoch."
-    )
-    parser.add_argument(
-        "--threshold",
-        type=float,
-        default=defaults.threshold,
-        help="Report the samples needed for a bin mean reward of at least this.",
-    )
-    parser.add_argument("--json-out", default=None, help="Also write curves and summary to this JSON file.")
-    # Internal: run one library's training (in that library's interpreter).
-    parser.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
-    parser.add_argument("--model-path", help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    fields = {key: getattr(args, key) for key in asdict(defaults)}
-    return args, Settings(**fields)
+@dataclass
+class WorkerArguments:
+    """Internal: run one library's training, in that library's interpreter (hidden from `--help`)."""
+
+    worker: str | None = field(default=None, metadata={"choices": list(LIBRARIES), "help": argparse.SUPPRESS})
+    model_path: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
+    seed: int = field(default=0, metadata={"help": argparse.SUPPRESS})
+    out: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[WorkerArguments, Settings]:
+    """The flags, parsed into the worker's arguments and the shared settings."""
+    # transformers' parser rather than TRL's: the workers also parse under CoMLRL's interpreter, which has no TRL.
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser((Settings, WorkerArguments), description=__doc__.split("\n")[0])
+    settings, args = parser.parse_args_into_dataclasses(args=argv)
+    return args, settings
 
 
 def main() -> None:
