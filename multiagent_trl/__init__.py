@@ -1,9 +1,10 @@
 """multiagent_trl: train N cooperating language-model agents with GRPO on one joint reward (MAGRPO), on TRL."""
 
-from .config import MAGRPOConfig, MultiAgentGRPOConfig
+from .comlrl import MAGRPOConfig, MAGRPOTrainer
+from .config import MultiAgentGRPOConfig
 from .rewards import RewardProcessor, RewardProcessors
 from .team import AgentTeam
-from .trainer import MAGRPOTrainer, MultiAgentGRPOTrainer
+from .trainer import MultiAgentGRPOTrainer
 
 __version__ = "0.1.0"
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 from trl.trainer.utils import get_callable_name, is_async_callable
 
 TRL_STYLE = "trl"
@@ -102,6 +103,28 @@ def check_rewards(values: Any, expected: int, name: str) -> list[float | None]:
             )
         checked.append(value)
     return checked
+
+
+def bind_reward_funcs(reward_funcs, num_agents: int) -> list:
+    """The trainer's `reward_funcs`: each user function bound with `bind_reward`; with one agent, TRL's reward models
+    (a model id or a sequence classifier) pass through to TRL."""
+    if reward_funcs is None:
+        raise ValueError("Pass a joint reward function: `reward_funcs=`.")
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    bound = []
+    for func in funcs:
+        if isinstance(func, (str, nn.Module)):
+            if num_agents > 1:
+                raise ValueError(
+                    "Reward models (a model id or an nn.Module in `reward_funcs`) score one completion, so they work "
+                    "with one agent only; wrap the model in a function of the agents' completions instead."
+                )
+            bound.append(func)
+        elif callable(func):
+            bound.append(bind_reward(func, num_agents))
+        else:
+            raise TypeError(f"Reward functions must be callables; got {type(func).__name__}.")
+    return bound
 
 
 def bind_reward(func: Callable, num_agents: int) -> Callable:

@@ -106,26 +106,40 @@ class AgentTeam(nn.Module):
     def generate(self, *args, **kwargs):
         return self.active_model().generate(*args, **kwargs)
 
-    # What Trainer, TRL and PEFT helpers read from "the model" is the active agent's.
+    def agent_module(self) -> nn.Module:
+        """The module that holds the active agent, as it is: unlike `active_model`, reading it changes nothing."""
+        return self.agents[self.active]
+
+    # What Trainer, TRL and PEFT helpers read from "the model" is the active agent's; reading never switches an
+    # adapter or a parameter's `requires_grad`.
     @property
     def config(self):
-        return self.active_model().config
+        return self.agent_module().config
 
     @property
     def generation_config(self):
-        return self.active_model().generation_config
+        return self.agent_module().generation_config
 
     @generation_config.setter
     def generation_config(self, value):
-        self.active_model().generation_config = value
+        self.agent_module().generation_config = value
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.active_model().dtype
+        return self.agent_module().dtype
 
     @property
     def peft_config(self) -> dict:
-        return getattr(self.active_model(), "peft_config", {})
+        return getattr(self.agent_module(), "peft_config", {})
+
+    # TRL's `use_adapter(model, name)` runs the reference pass of an agent that came with a trained adapter (TRL's
+    # `ref` copy of it) through these.
+    @property
+    def active_adapter(self) -> str:
+        return self.active_model().active_adapter
+
+    def set_adapter(self, adapter_name: str) -> None:
+        self.active_model().set_adapter(adapter_name)
 
     def disable_adapter(self):
         """Run the active agent without its adapter (its reference policy), as `PeftModel.disable_adapter`."""
@@ -211,6 +225,9 @@ class LoraAgentTeam(AgentTeam):
             self.peft_model.set_adapter(name)
         if torch.is_grad_enabled():
             self._set_trainable()
+        return self.peft_model
+
+    def agent_module(self) -> PeftModel:
         return self.peft_model
 
     def models(self) -> list[nn.Module]:

@@ -25,51 +25,45 @@ from typing import Any
 import torch
 from accelerate.utils import gather, gather_object
 from datasets import Dataset, IterableDataset
-from peft import PeftConfig, PeftModel, get_peft_model
+from peft import PeftConfig, PeftModel
 from torch import nn
-from transformers import (
-    AutoProcessor,
-    GenerationConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    TrainerCallback,
-    set_seed,
-)
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, set_seed
 from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
-from trl.models.utils import prepare_deepspeed, prepare_fsdp
-from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, nanstd
+from trl.trainer.utils import nanstd
 
+from .agent_state import agent_views, load_entropy_states, save_entropy_states
 from .checkpointing import save_atomically
 from .config import MultiAgentGRPOConfig
-from .rewards import apply_processor, bind_reward, cross_credit, cross_tuples
+from .loading import add_adapters, add_reference_adapter, load_agents, load_processing_classes, reference_copies
+from .rewards import apply_processor, bind_reward_funcs, cross_credit, cross_tuples
+from .rollouts import Replay, Rollout
 from .team import AgentTeam, LoraAgentTeam
-from .turns import next_prompts, returns_to_go, transition_style
-
-# Trainer attributes that belong to one agent; `_agent_view(i)` swaps agent i's values in. The first group comes
-# from the agent's model and tokenizer (`_setup_agent`); the rest are its reference model and its own buffers.
-MODEL_ATTRIBUTES = ("processing_class", "_tokenizer", "eos_token_ids", "generation_config", "generation_kwargs")
-AGENT_ATTRIBUTES = (*MODEL_ATTRIBUTES, "ref_model", "_metrics", "_logs")
+from .turns import completion_text, play_episodes, transition_style
 
 
 class MultiAgentGRPOTrainer(GRPOTrainer):
     """Train N language-model agents with GRPO on one joint reward.
 
     A drop-in replacement for [`~trl.GRPOTrainer`]: same arguments, same reward-function conventions, same launch
-    commands; with one agent it trains exactly like `GRPOTrainer`. It also accepts the argument names of the
-    reference library CoMLRL (`agents`, `reward_func`, `reward_processor`, `tokenizer`, `formatters`).
+    commands; with one agent it trains exactly like `GRPOTrainer`. CoMLRL's argument names are
+    [`~multiagent_trl.MAGRPOTrainer`]'s.
 
     What differs from `GRPOTrainer`, and why:
 
     - `_generate_and_score_completions`: every agent generates, then the joint reward is computed once and TRL's
       own method runs per agent on the credited rewards (see the module docstring).
     - `_generate`, `_generate_single_turn`, `_calculate_rewards`: replay what was computed jointly (or generated
-      for all LoRA agents in one batch), inside the per-agent pass.
+      for all LoRA agents in one batch), inside the per-agent pass (`rollouts.Replay`).
     - `_compute_loss`: the sum of the agents' own GRPO losses, with one backward per agent.
     - `create_optimizer`, `_clip_grad_norm`: one parameter group per agent (per-agent learning rates) and gradient
       clipping per agent, so one agent's large gradient does not shrink another's update.
     - `log`: per-agent metrics under `agent_{i}/...`; the joint `reward` and `reward_std` at the top level.
     - `_save`, `_load_from_checkpoint`: one folder per agent, `agent_{i}/`, each loadable with `from_pretrained`.
+    - `_save_checkpoint`, `_load_optimizer_and_scheduler`: atomic checkpoints; each agent's entropy controller.
+
+    Which of TRL's attributes are each agent's own is listed, with the reason, in `multiagent_trl.agent_state`.
 
     Args:
         model (`str`, `PreTrainedModel`, or a list of them):
@@ -89,15 +83,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             Loaded from each agent's model when `None`.
         callbacks, optimizers:
             As in [`~transformers.Trainer`].
-        agents (list, *optional*):
-            CoMLRL name of `model` (a list of models).
-        reward_func (callable, *optional*):
-            CoMLRL name of `reward_funcs` (one function).
         reward_processor (`Callable[[float], float]`, *optional*):
             Applied to each joint reward (the weighted sum of the reward functions) before advantages, e.g.
             `RewardProcessors.scale(100.0)`.
-        tokenizer (*optional*):
-            CoMLRL name of `processing_class`.
         peft_config (`PeftConfig`, or one per agent, *optional*):
             With one base (a model id or path, or one model, and `args.num_agents=N`): one adapter per agent on a
             shared, frozen base, named `agent_0` ... `agent_{N-1}`. With a list of models: an adapter on each.
@@ -108,8 +96,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             dataset row, each agent's completions so far (`histories[i]`, turns 0..turn) and the index of the turn
             just played, return each agent's prompt for the next turn. CoMLRL's keyword convention works too (see
             `multiagent_trl.turns`).
-        wandb_config (`dict`, *optional*):
-            CoMLRL-style wandb settings (`project`, `entity`, `name`, `tags`); turns on `report_to="wandb"`.
         **kwargs:
             Other `GRPOTrainer` arguments (`reward_processing_classes`, `quantization_config`, ...).
 
@@ -149,22 +135,13 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         optimizers: tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None] = (None, None),
         peft_config: PeftConfig | Sequence[PeftConfig] | None = None,
         *,
-        agents: Sequence[str | PreTrainedModel] | None = None,
-        reward_func: Callable | None = None,
         reward_processor: Callable[[float], float] | None = None,
-        tokenizer: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
         formatters: Callable | Sequence[Callable] | None = None,
         external_transition: Callable | None = None,
-        wandb_config: dict[str, Any] | None = None,
         **kwargs,
     ):
-        model = _one_of("model", model, "agents", agents)
-        reward_funcs = _one_of("reward_funcs", reward_funcs, "reward_func", reward_func)
-        processing_class = _one_of("processing_class", processing_class, "tokenizer", tokenizer)
         if model is None:
-            raise ValueError(
-                "Pass the agents: `model=` (an id, a path, a model, or a list of them) or `agents=[...]`."
-            )
+            raise ValueError("Pass the agents: `model=` (an id, a path, a model, or a list of them).")
         if args is None:
             args = MultiAgentGRPOConfig(output_dir="multiagent-grpo-output")
         elif not isinstance(args, MultiAgentGRPOConfig):
@@ -173,38 +150,27 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 "MAGRPOConfig), which takes every GRPOConfig field: replace `GRPOConfig(` with "
                 "`MultiAgentGRPOConfig(`."
             )
-        if wandb_config:
-            _apply_wandb_config(args, wandb_config)
 
-        # One base with one adapter per agent, or one model per agent (each with its own adapter if asked). PEFT draws
-        # adapter weights from the global generator, so seed first, as GRPOTrainer does.
+        # 1. The agents: one base with one adapter per agent, or one model per agent (each with its own adapter if
+        # asked). PEFT draws adapter weights from the global generator, so seed first, as GRPOTrainer does.
         set_seed(args.seed)
         shared_base = peft_config is not None and isinstance(model, (str, os.PathLike, nn.Module))
-        models = self._load_agents(model, args, kwargs.get("quantization_config"), copies=not shared_base)
+        models = load_agents(model, args, kwargs.get("quantization_config"), copies=not shared_base)
         num_agents = args.num_agents = (args.num_agents or 1) if shared_base else len(models)
-        peft_configs = _per_agent("peft_config", peft_config, num_agents, single=PeftConfig)
-        if shared_base:
-            base = models[0]
-            models = [get_peft_model(base, peft_configs[0], adapter_name="agent_0")]
-            for i in range(1, num_agents):
-                models[0].add_adapter(f"agent_{i}", peft_configs[i])
-        elif peft_configs is not None:
-            models = [m if isinstance(m, PeftModel) else get_peft_model(m, c) for m, c in zip(models, peft_configs)]
-        if num_agents > 1:
-            unsupported = [k for k in ("tools", "rollout_func", "environment_factory") if kwargs.get(k) is not None]
-            if unsupported:
-                raise NotImplementedError(f"{unsupported} are supported with one agent only.")
-        if args.agent_learning_rates is not None and len(args.agent_learning_rates) != num_agents:
-            raise ValueError(
-                f"`agent_learning_rates` has {len(args.agent_learning_rates)} values for {num_agents} agents: give "
-                "one learning rate per agent."
-            )
-        processing_classes = self._load_processing_classes(processing_class, models, args)
-        if shared_base and len(set(map(id, processing_classes))) > 1:
-            raise ValueError("Agents that share one base model share its tokenizer: pass one `processing_class`.")
+        trained_adapters = [m for m in models if isinstance(m, PeftModel)]
+        models = add_adapters(
+            models, _per_agent("peft_config", peft_config, num_agents, single=PeftConfig), shared_base
+        )
+        if args.beta != 0.0:
+            for agent in trained_adapters:
+                add_reference_adapter(agent)
+        processing_classes = load_processing_classes(processing_class, models, args)
+        self._check_team_arguments(args, num_agents, shared_base, processing_classes, kwargs)
         if num_agents > 1 and args.ddp_find_unused_parameters is None:
             # Each agent's forward and backward leaves the other agents' parameters unused (DDP must be told).
             args.ddp_find_unused_parameters = True
+
+        # 2. How the agents see the task, and how their answers are scored.
         self.formatters = _per_agent("formatters", formatters, num_agents)
         if args.num_turns > 1 and external_transition is None:
             raise ValueError(
@@ -215,15 +181,14 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._transition_style = transition_style(external_transition) if external_transition is not None else None
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             _check_prompt_column(name, dataset, self.formatters)
-        reward_funcs = self._bind_reward_funcs(reward_funcs, num_agents)
+        reward_funcs = bind_reward_funcs(reward_funcs, num_agents)
         self.reward_processor = reward_processor
 
-        # Each agent's reference is a copy of its initial weights, made here, before TRL patches the forward (a
-        # copy made after would call the original model's forward) and without reloading from a path (an
-        # in-memory model has none). TRL must not build its own: beta is hidden from it during construction.
+        # 3. TRL sets up agent 0 as its policy. It must not build a reference model (it would reload one from the
+        # model's path, which an in-memory model lacks, or add a second `ref` adapter): beta is hidden from it, and
+        # each agent's reference comes from `reference_copies` or its adapters.
         beta = args.beta
-        # (PEFT agents need none: their reference is the base with the adapter disabled.)
-        ref_models = [copy.deepcopy(m) if beta != 0.0 and not isinstance(m, PeftModel) else None for m in models]
+        ref_models = reference_copies(models, beta)
         args.beta = 0.0
         try:
             super().__init__(
@@ -242,21 +207,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self.beta = beta
         self.num_agents = num_agents
 
-        # TRL prepared models[0]; prepare the others the same way, then keep one view per agent.
-        template = {name: getattr(self, name) for name in AGENT_ATTRIBUTES}
+        # 4. Each agent's own state (see `agent_state`), then "the model" that Trainer and Accelerate see: the team.
         if shared_base:
             models, ref_models = models * num_agents, ref_models * num_agents
-            processing_classes = [template["processing_class"]] * num_agents
-        self._agent_views = []
-        for i, (agent, processor, ref_model) in enumerate(zip(models, processing_classes, ref_models, strict=True)):
-            prepared = i == 0 or agent is models[0]
-            view = {k: template[k] for k in MODEL_ATTRIBUTES} if prepared else self._setup_agent(agent, processor)
-            view["ref_model"] = self._setup_ref_model(ref_model)
-            view["_metrics"] = copy.deepcopy(template["_metrics"])
-            view["_logs"] = copy.deepcopy(template["_logs"])
-            self._agent_views.append(view)
-
-        # From here on, "the model" that Trainer and Accelerate see is the whole team.
+            processing_classes = [self.processing_class] * num_agents
+        self._agent_views = agent_views(self, models, processing_classes, ref_models, shared_base)
         if shared_base:
             team = LoraAgentTeam(models[0], [f"agent_{i}" for i in range(num_agents)])
         else:
@@ -264,152 +219,21 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if self.place_model_on_device and not self.is_model_parallel:
             self._move_model_to_device(team, self.args.device)
         self.model = self.model_wrapped = self.callback_handler.model = team
-        self._replay = None  # (rollout, credited rewards) replayed to TRL, see `_generate_and_score_completions`
-        self._single_turn_replay = None  # one agent's slice of a batched LoRA generation
-
-    # ------------------------------------------------------------------ construction helpers
+        self._replay: Replay | None = None
 
     @staticmethod
-    def _load_agents(model, args: MultiAgentGRPOConfig, quantization_config, copies: bool) -> list[PreTrainedModel]:
-        """Load the agents' models; with `copies=False`, one model (the base that the agents' adapters share)."""
-        if isinstance(model, (str, os.PathLike)):
-            entries = [model] * ((args.num_agents or 1) if copies else 1)
-        elif isinstance(model, nn.Module):
-            if copies and args.num_agents not in (None, 1):
-                raise ValueError(
-                    f"One model object was given with `num_agents={args.num_agents}`. Pass a list of "
-                    f"{args.num_agents} models, a model id or path (loaded once per agent), or a `peft_config` to "
-                    "train one adapter per agent on this model."
-                )
-            entries = [model]
-        else:
-            entries = list(model)
-            if not entries:
-                raise ValueError("The list of agents is empty: pass at least one model or model id.")
-            if args.num_agents is not None and args.num_agents != len(entries):
-                raise ValueError(
-                    f"{len(entries)} agents were given but `num_agents={args.num_agents}`: make them agree (or leave "
-                    "`num_agents` unset to use the number of agents given)."
-                )
-        models = []
-        for entry in entries:
-            if isinstance(entry, (str, os.PathLike)):
-                # The same loading as GRPOTrainer's, so that a team of one matches it exactly.
-                init_kwargs = dict(args.model_init_kwargs or {})
-                if quantization_config is not None:
-                    init_kwargs["quantization_config"] = quantization_config
-                if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
-                    init_kwargs["device_map"] = None
-                init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-                entry = create_model_from_path(str(entry), **init_kwargs)
-            elif not isinstance(entry, (PreTrainedModel, PeftModel)):
-                raise TypeError(
-                    f"Each agent must be a model id, a path, a transformers PreTrainedModel or a PeftModel; got "
-                    f"{type(entry).__name__}."
-                )
-            models.append(entry)
-        if len({id(m) for m in models}) != len(models):
+    def _check_team_arguments(args, num_agents: int, shared_base: bool, processing_classes: list, kwargs) -> None:
+        if num_agents > 1:
+            unsupported = [k for k in ("tools", "rollout_func", "environment_factory") if kwargs.get(k) is not None]
+            if unsupported:
+                raise NotImplementedError(f"{unsupported} are supported with one agent only.")
+        if args.agent_learning_rates is not None and len(args.agent_learning_rates) != num_agents:
             raise ValueError(
-                "The same model object was given for several agents; agents must not share weights. Pass separate "
-                "copies (or a model id or path, which is loaded once per agent)."
+                f"`agent_learning_rates` has {len(args.agent_learning_rates)} values for {num_agents} agents: give "
+                "one learning rate per agent."
             )
-        return models
-
-    @staticmethod
-    def _load_processing_classes(processing_class, models, args) -> list:
-        if processing_class is None or isinstance(processing_class, PreTrainedTokenizerBase):
-            processing_classes = [processing_class] * len(models)
-        else:
-            processing_classes = list(processing_class)
-            if len(processing_classes) != len(models):
-                raise ValueError(
-                    f"{len(processing_classes)} tokenizers (`processing_class`/`tokenizer`) were given for "
-                    f"{len(models)} agents: pass one tokenizer for all, or one per agent."
-                )
-        return [
-            pc
-            if pc is not None
-            else AutoProcessor.from_pretrained(
-                m.config._name_or_path,
-                truncation_side="left",
-                padding_side="left",
-                trust_remote_code=args.trust_remote_code,
-            )
-            for pc, m in zip(processing_classes, models, strict=True)
-        ]
-
-    @staticmethod
-    def _bind_reward_funcs(reward_funcs, num_agents: int) -> list:
-        if reward_funcs is None:
-            raise ValueError(
-                "Pass a joint reward function: `reward_funcs=` (TRL name) or `reward_func=` (CoMLRL name)."
-            )
-        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        bound = []
-        for func in funcs:
-            if isinstance(func, (str, nn.Module)):
-                if num_agents > 1:
-                    raise ValueError(
-                        "Reward models (a model id or an nn.Module in `reward_funcs`) score one completion, so they "
-                        "work with one agent only; wrap the model in a function of the agents' completions instead."
-                    )
-                bound.append(func)
-            elif callable(func):
-                bound.append(bind_reward(func, num_agents))
-            else:
-                raise TypeError(f"Reward functions must be callables; got {type(func).__name__}.")
-        return bound
-
-    def _setup_agent(self, model: PreTrainedModel, processing_class) -> dict[str, Any]:
-        """Prepare agent i > 0 the way `GRPOTrainer.__init__` prepares its model; return its view attributes."""
-        tokenizer = getattr(processing_class, "tokenizer", processing_class)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        eos_token_ids = model.generation_config.eos_token_id
-        eos_token_ids = (
-            [] if eos_token_ids is None else [eos_token_ids] if isinstance(eos_token_ids, int) else eos_token_ids
-        )
-        if tokenizer.eos_token_id not in eos_token_ids:
-            eos_token_ids = [tokenizer.eos_token_id, *eos_token_ids]
-        if self.args.disable_dropout:
-            disable_dropout_in_model(model)
-        if isinstance(model, PeftModel) and self.args.gradient_checkpointing:
-            model.enable_input_require_grads()  # as GRPOTrainer does for its PEFT model
-        add_fused_lm_head(
-            model.get_base_model() if isinstance(model, PeftModel) else model,
-            temperature=self.temperature,
-            cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
-            outputs=("log_probs", "entropy"),
-        )
-        model.add_model_tags(self._tag_names)
-        # Agent 0's generation settings with this agent's special tokens.
-        generation_kwargs = {
-            **self.generation_kwargs,
-            "pad_token_id": tokenizer.pad_token_id,
-            "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_id": eos_token_ids,
-        }
-        return {
-            "processing_class": processing_class,
-            "_tokenizer": tokenizer,
-            "eos_token_ids": eos_token_ids,
-            "generation_config": GenerationConfig(**generation_kwargs, disable_compile=True),
-            "generation_kwargs": generation_kwargs,
-        }
-
-    def _setup_ref_model(self, ref_model: PreTrainedModel | None) -> nn.Module | None:
-        if ref_model is None:
-            return None
-        if self.args.disable_dropout:
-            disable_dropout_in_model(ref_model)
-        add_fused_lm_head(ref_model, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
-        if self.is_deepspeed_enabled:
-            return prepare_deepspeed(ref_model, self.accelerator)
-        if self.is_fsdp_enabled:
-            return prepare_fsdp(ref_model, self.accelerator)
-        return self.accelerator.prepare_model(ref_model, evaluation_mode=True)
+        if shared_base and len(set(map(id, processing_classes))) > 1:
+            raise ValueError("Agents that share one base model share its tokenizer: pass one `processing_class`.")
 
     # ------------------------------------------------------------------ agent views
 
@@ -426,10 +250,19 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     @contextmanager
     def _agent_view(self, index: int) -> Iterator[None]:
-        """Run TRL code as if agent `index` were the only policy: its tokenizer, generation config, reference model
-        and metric buffers are swapped in, and the team routes `forward`/`generate` to it."""
-        with self._swap(**self._agent_views[index]), self.model.use(index):
-            yield
+        """Run TRL code as if agent `index` were the only policy: its `agent_state.PER_AGENT` values are swapped in
+        (and its updates to them kept when the block ends), and the team routes `forward`/`generate` to it."""
+        view = self._agent_views[index]
+        saved = {name: getattr(self, name) for name in view}
+        for name, value in view.items():
+            setattr(self, name, value)
+        try:
+            with self.model.use(index):
+                yield
+        finally:
+            for name in view:  # TRL reassigns some (the entropy controller), not only mutates them
+                view[name] = getattr(self, name)
+                setattr(self, name, saved[name])
 
     def agent_metric_prefix(self, index: int) -> str:
         """Prefix of agent `index`'s metrics: `agent_{index}/`, or nothing for a team of one (TRL's own names)."""
@@ -449,14 +282,58 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return [{**row, "prompt": formatter(row)} for row in inputs]
 
     def _generate(self, prompts: list):
-        if self._replay is not None:  # step 3 of `_generate_and_score_completions`: the agent already generated
-            return self._replay[0]
+        if self._replay is not None and self._replay.rollout is not None:
+            return self._replay.rollout.to_trl()
         return super()._generate(prompts)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if self._single_turn_replay is not None:  # this agent's slice of `_generate_batched`
-            return self._single_turn_replay, None
+        if self._replay is not None and self._replay.completion_ids is not None:
+            return self._replay.completion_ids, None
         return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        if self._replay is not None and self._replay.rewards is not None:
+            return self._replay.rewards
+        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
+        if self.args.num_turns > 1:
+            return play_episodes(self, inputs, agent_inputs, mode, num_generations)
+
+        # 1. Every agent generates from its own prompts; none sees another's completions.
+        rollouts = self._rollouts(agent_inputs, mode)
+
+        # 2. Score joint samples once; credit each agent's completions.
+        rewards_per_func, extras = self._joint_rewards(inputs, agent_inputs, rollouts, num_generations, mode)
+        joint = self._process_rewards(rewards_per_func, mode)
+        if self.reward_processor is None:  # TRL weighs and normalizes the functions' rewards itself
+            rewards, names, weights = rewards_per_func, self.reward_func_names, self.reward_weights
+        else:
+            rewards, names, weights = joint.unsqueeze(1), ["reward"], torch.ones(1)
+        if self.args.joint_mode == "cross":
+            credited = [cross_credit(rewards, num_generations, self.num_agents, i) for i in range(self.num_agents)]
+        else:
+            credited = [rewards] * self.num_agents
+
+        # 3. TRL's own scoring per agent: advantages, old/ref log-probs, metrics.
+        outputs = self._score_agents(agent_inputs, rollouts, credited, names, weights)
+        self._log_joint_samples(agent_inputs, rollouts, rewards_per_func, extras, outputs, num_generations)
+        return {f"agent_{i}/{key}": value for i, output in enumerate(outputs) for key, value in output.items()}
+
+    def _rollouts(self, agent_inputs: list[list[dict]], mode: str) -> list[Rollout]:
+        """Every agent generates from its rows' prompts (one `generate` call for all agents of a LoRA team in
+        batched mode)."""
+        prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
+        with self._decoding(mode):
+            completion_ids = self._generate_batched(prompts) if self._batched_generation() else [None] * len(prompts)
+            rollouts = []
+            for i in range(self.num_agents):
+                with self._agent_view(i), self._swap(_replay=Replay(completion_ids=completion_ids[i])):
+                    rollouts.append(Rollout.from_trl(self._generate(prompts[i])))
+        return rollouts
 
     def _batched_generation(self) -> bool:
         return isinstance(self.model, LoraAgentTeam) and self.num_agents > 1 and self.args.generation_mode == "batched"
@@ -475,122 +352,16 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         bounds = torch.tensor([0] + [len(ids) for ids in prompt_ids]).cumsum(0).tolist()
         return [completion_ids[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        if self._replay is not None:  # step 3 of `_generate_and_score_completions`: credited, already gathered
-            return self._replay[1]
-        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-
-    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
-        mode = "train" if self.model.training else "eval"
-        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
-        if self.args.num_turns > 1:
-            return self._generate_and_score_episodes(inputs, agent_inputs, mode, num_generations)
-
-        # 1. Every agent generates from its own prompts; none sees another's completions.
-        rollouts = self._rollouts(agent_inputs, mode)
-
-        # 2. Score joint samples once; credit each agent's completions.
-        rewards_per_func = self._joint_rewards(inputs, agent_inputs, rollouts, num_generations)  # (rows, F)
-        joint = self._process_rewards(rewards_per_func, mode)
-        if self.reward_processor is None:  # TRL weighs and normalizes the functions' rewards itself
-            rewards, names, weights = rewards_per_func, self.reward_func_names, self.reward_weights
-        else:
-            rewards, names, weights = joint.unsqueeze(1), ["reward"], torch.ones(1)
-        if self.args.joint_mode == "cross":
-            credited = [cross_credit(rewards, num_generations, self.num_agents, i) for i in range(self.num_agents)]
-        else:
-            credited = [rewards] * self.num_agents
-
-        # 3. TRL's own scoring per agent: advantages, old/ref log-probs, metrics.
-        outputs = self._score_agents(agent_inputs, rollouts, credited, names, weights)
-        self._log_joint_samples(agent_inputs, rollouts, rewards_per_func, outputs, num_generations)
-        return {f"agent_{i}/{key}": value for i, output in enumerate(outputs) for key, value in output.items()}
-
-    def _generate_and_score_episodes(self, inputs, agent_inputs, mode: str, num_generations: int) -> dict[str, Any]:
-        """Multi-turn: play `num_turns` turns of `num_generations` linear trajectories per prompt, then train every
-        agent on every turn with group-relative advantages of the discounted return-to-go.
-
-        Trajectory j continues joint sample j: after each turn, `external_transition` turns the agents' completions
-        on that trajectory into their next prompts. A trajectory that ends early (`early_termination_threshold`) keeps
-        its place in the batch so that every process stays in step, but its later turns are masked out: no reward,
-        no transition, no gradient. The loss is the sum over turns of each turn's GRPO loss.
-        """
-        local = torch.arange(len(inputs)) + self.accelerator.process_index * len(inputs)  # rows in gathered tensors
-        prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
-        histories = [[[] for _ in inputs] for _ in range(self.num_agents)]  # [agent][trajectory] -> completions
-        prompt_histories = [[[] for _ in inputs] for _ in range(self.num_agents)]
-        active = torch.ones(len(inputs), dtype=torch.bool, device=self.accelerator.device)
-        turns = []  # (agent_inputs, rollouts, rewards_per_func) of each turn played
-        rewards = []  # joint reward per turn, gathered; NaN where a trajectory has ended
-        for turn in range(self.args.num_turns):
-            playing = gather(active)
-            if turn > 0 and not playing.any():  # every trajectory on every process has ended
-                break
-            turn_inputs = [[{**row, "prompt": p} for row, p in zip(inputs, ps)] for ps in prompts]
-            rollouts = [_mask_rollout(r, active.tolist()) for r in self._rollouts(turn_inputs, mode)]
-            rewards_per_func = self._joint_rewards(inputs, turn_inputs, rollouts, num_generations)
-            rewards_per_func[~playing] = torch.nan
-            rewards.append(self._process_rewards(rewards_per_func, mode, prefix=f"turn_{turn}/"))
-            self._metrics[mode][f"turn_{turn}/active"].append(playing.float().mean().item())
-            turns.append((turn_inputs, rollouts, rewards_per_func))
-
-            threshold = self.args.early_termination_threshold
-            if threshold is not None:
-                active &= ~(rewards[-1][local.to(active.device)] > threshold)
-            if turn == self.args.num_turns - 1:
-                break
-            for j in torch.nonzero(active).flatten().tolist():
-                for i in range(self.num_agents):
-                    histories[i][j].append(rollouts[i][3][j])
-                    prompt_histories[i][j].append(prompts[i][j])
-                step = next_prompts(
-                    self.external_transition,
-                    self._transition_style,
-                    inputs[j],
-                    [h[j] for h in histories],
-                    [h[j] for h in prompt_histories],
-                    turn,
-                    self.formatters,
-                    self.args.external_prompt_passthrough,
-                )
-                for i in range(self.num_agents):
-                    prompts[i][j] = step[i]
-
-        returns = returns_to_go(torch.stack(rewards), self.args.discount)
-        self._metrics[mode]["reward"].append(torch.nanmean(returns[0]).item())  # the episode's (discounted) return
-        self._metrics[mode]["reward_std"].append(nanstd(returns[0]).item())
-        outputs = {}
-        for turn, ((turn_inputs, rollouts, _), turn_returns) in enumerate(zip(turns, returns)):
-            scored = self._score_agents(
-                turn_inputs, rollouts, [turn_returns.unsqueeze(1)] * self.num_agents, ["return"], torch.ones(1)
-            )
-            for i, output in enumerate(scored):
-                outputs.update({f"agent_{i}/turn_{turn}/{key}": value for key, value in output.items()})
-        self._log_episodes(turns, rewards, returns[0], outputs)
-        return outputs
-
-    def _rollouts(self, agent_inputs: list[list[dict]], mode: str) -> list[tuple]:
-        """Every agent generates from its rows' prompts (one `generate` call for all agents of a LoRA team in
-        batched mode); returns TRL's `_generate` output per agent."""
-        prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
-        with self._decoding(mode):
-            completion_ids = (
-                self._generate_batched(prompts) if self._batched_generation() else [None] * self.num_agents
-            )
-            rollouts = []
-            for i in range(self.num_agents):
-                with self._agent_view(i), self._swap(_single_turn_replay=completion_ids[i]):
-                    rollouts.append(self._generate(prompts[i]))
-        return rollouts
-
-    def _score_agents(self, agent_inputs, rollouts, credited, names, weights) -> list[dict[str, Any]]:
+    def _score_agents(self, agent_inputs, rollouts: list[Rollout], credited, names, weights) -> list[dict[str, Any]]:
         """TRL's `_generate_and_score_completions` once per agent, replaying its rollout and credited rewards."""
         outputs = []
         for i in range(self.num_agents):
-            replay = dict(_replay=(rollouts[i], credited[i]), reward_func_names=names, reward_weights=weights)
+            replay = Replay(rollout=rollouts[i], rewards=credited[i])
             # TRL reads the number of reward functions from `reward_funcs`; it must match the replayed columns.
-            with self._agent_view(i), self._swap(**replay, reward_funcs=[None] * len(names)):
+            swapped = dict(
+                _replay=replay, reward_func_names=names, reward_weights=weights, reward_funcs=[None] * len(names)
+            )
+            with self._agent_view(i), self._swap(**swapped):
                 outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
         return outputs
 
@@ -610,10 +381,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             for view, config in zip(self._agent_views, configs):
                 view["generation_config"] = config
 
-    def _joint_rewards(self, inputs, agent_inputs, rollouts, num_generations) -> torch.Tensor:
-        """Score the joint samples with every reward function; returns the gathered `(rows, F)` rewards."""
-        completions = [rollout[3] for rollout in rollouts]
-        completion_ids = [rollout[1] for rollout in rollouts]
+    def _joint_rewards(self, inputs, agent_inputs, rollouts, num_generations, mode: str, prefix: str = ""):
+        """Score the joint samples with every reward function. Returns the gathered `(rows, F)` rewards and the
+        columns the functions logged with `log_extra` (gathered; `log_metric` values go to the metrics, under
+        `prefix`)."""
         prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
         if self.args.joint_mode == "cross" and self.num_agents > 1:
             tuples = [
@@ -630,7 +401,30 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             return [tuple(values[k] for values, k in zip(per_agent, t, strict=True)) for t in tuples]
 
         rows = [inputs[t[0]] for t in tuples]
-        return self._calculate_rewards(rows, joint(prompts), joint(completions), joint(completion_ids))
+        completions = joint([r.completions for r in rollouts])
+        rewards = self._calculate_rewards(
+            rows, joint(prompts), completions, joint([r.completion_ids for r in rollouts])
+        )
+        return rewards, self._flush_reward_logs(mode, prefix, len(tuples))
+
+    def _flush_reward_logs(self, mode: str, prefix: str, num_rows: int) -> dict[str, list]:
+        """What the reward functions recorded during the joint pass with TRL's `log_metric` and `log_extra`: the
+        metrics under the joint names (averaged across processes, as TRL does); the extra columns gathered, returned
+        for the completions table. TRL flushes these buffers in its own pass, which here runs per agent: left to it,
+        they would land under agent 0's names, and the columns in no table."""
+        device = self.accelerator.device
+        for name in sorted(set(gather_object(list(self._pending_metrics)))):  # same order on every process
+            values = self._pending_metrics.get(name, [])
+            stats = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=device)
+            total, count = self.accelerator.gather(stats).view(-1, 2).sum(dim=0).tolist()
+            self._metrics[mode][prefix + name].append(total / count)
+        extras = {
+            column: gather_object(self._pending_extra_logs.get(column, [None] * num_rows))
+            for column in sorted(set(gather_object(list(self._pending_extra_logs))))
+        }
+        self._pending_metrics.clear()
+        self._pending_extra_logs.clear()
+        return extras
 
     def _process_rewards(self, rewards_per_func: torch.Tensor, mode: str, prefix: str = "") -> torch.Tensor:
         """The joint reward of each scored tuple (the weighted sum of the functions' rewards, then the reward
@@ -649,10 +443,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             metrics[f"{prefix}rewards/{name}/std"].append(nanstd(rewards_per_func[:, k]).item())
         return joint
 
-    def _log_joint_samples(self, agent_inputs, rollouts, rewards_per_func, outputs, num_generations) -> None:
+    def _log_joint_samples(self, agent_inputs, rollouts, rewards_per_func, extras, outputs, num_generations) -> None:
         """Fill the completions table: one row per aligned joint sample, the agents' completions side by side."""
         prompts = gather_object([row["prompt"] for row in agent_inputs[0]])
-        completions = [gather_object(rollout[3]) for rollout in rollouts]
+        completions = [gather_object(rollout.completions) for rollout in rollouts]
         advantages = [gather(output["advantages"]).tolist() for output in outputs]
         if self.args.joint_mode == "cross" and self.num_agents > 1:
             # Show the aligned tuple (k, ..., k) of each group, one of the scored tuples. In `cross_tuples` order it
@@ -660,35 +454,23 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             g, group = num_generations, num_generations**self.num_agents
             diagonal = [b * group + k * (group - 1) // (g - 1) for b in range(len(prompts) // g) for k in range(g)]
             rewards_per_func = rewards_per_func[diagonal]
+            extras = {column: [values[j] for j in diagonal] for column, values in extras.items()}
         self._logs["prompt"].extend(prompts)
         if self.num_agents == 1:
             self._logs["completion"].extend(completions[0])
         else:
             self._logs["completion"].extend(
-                "\n".join(f"[agent_{i}] {_text(c)}" for i, c in enumerate(joint)) for joint in zip(*completions)
+                "\n".join(f"[agent_{i}] {completion_text(c)}" for i, c in enumerate(joint))
+                for joint in zip(*completions)
             )
             for i in range(self.num_agents):
-                self._logs["extra"][f"agent_{i}/completion"].extend(_text(c) for c in completions[i])
+                self._logs["extra"][f"agent_{i}/completion"].extend(completion_text(c) for c in completions[i])
                 self._logs["extra"][f"agent_{i}/advantage"].extend(advantages[i])
         for k, name in enumerate(self.reward_func_names):
             self._logs["rewards"][name].extend(rewards_per_func[:, k].tolist())
+        for column, values in extras.items():
+            self._logs["extra"][column].extend(values)
         self._logs["advantages"].extend(advantages[0])
-
-    def _log_episodes(self, turns, rewards, episode_returns, outputs) -> None:
-        """Fill the completions table for multi-turn: one row per trajectory, every turn's completions in order."""
-        lines = [[] for _ in range(len(episode_returns))]
-        for turn, (_, rollouts, rewards_per_func) in enumerate(turns):
-            completions = [gather_object(rollout[3]) for rollout in rollouts]
-            played = ~torch.isnan(rewards[turn])
-            for j in torch.nonzero(played).flatten().tolist():
-                lines[j].append(f"[turn {turn}]")
-                lines[j].extend(f"[agent_{i}] {_text(c[j])}" for i, c in enumerate(completions))
-            for k, name in enumerate(self.reward_func_names):
-                self._logs["extra"][f"turn_{turn}/{name}"].extend(rewards_per_func[:, k].tolist())
-        self._logs["prompt"].extend(gather_object([row["prompt"] for row in turns[0][0][0]]))
-        self._logs["completion"].extend("\n".join(rows) for rows in lines)
-        self._logs["rewards"]["return"].extend(episode_returns.tolist())
-        self._logs["advantages"].extend(gather(outputs["agent_0/turn_0/advantages"]).tolist())
 
     # ------------------------------------------------------------------ loss and optimization
 
@@ -781,17 +563,21 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial) -> None:
         # Unlike Trainer, which writes `checkpoint-N/` in place (a process killed mid-save leaves a partial folder that
         # `train(resume_from_checkpoint=True)` picks and fails on), write it under another name and rename it once
-        # complete.
-        save_atomically(self, super()._save_checkpoint, model, trial)
+        # complete. TRL saves one entropy controller; a team saves each agent's.
+        def save_checkpoint(model, trial):
+            super(MultiAgentGRPOTrainer, self)._save_checkpoint(model, trial)
+            if self.use_adaptive_entropy and self.args.should_save:
+                folder = os.path.join(
+                    self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+                )
+                save_entropy_states(self._agent_views, folder)
 
+        save_atomically(self, save_checkpoint, model, trial)
 
-MAGRPOTrainer = MultiAgentGRPOTrainer
-
-
-def _one_of(name: str, value, alias: str, alias_value):
-    if value is not None and alias_value is not None:
-        raise ValueError(f"Pass either `{name}` or its CoMLRL name `{alias}`, not both.")
-    return value if value is not None else alias_value
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if self.use_adaptive_entropy and checkpoint is not None:
+            load_entropy_states(self._agent_views, checkpoint)
 
 
 def _per_agent(name: str, value, num_agents: int, single: type | None = None) -> list | None:
@@ -821,17 +607,6 @@ def _check_prompt_column(name: str, dataset, formatters) -> None:
             )
 
 
-def _apply_wandb_config(args: MultiAgentGRPOConfig, wandb_config: dict[str, Any]) -> None:
-    for key, env in (("project", "WANDB_PROJECT"), ("entity", "WANDB_ENTITY"), ("dir", "WANDB_DIR")):
-        if wandb_config.get(key):
-            os.environ[env] = str(wandb_config[key])
-    if wandb_config.get("tags"):
-        os.environ["WANDB_TAGS"] = ",".join(wandb_config["tags"])
-    if wandb_config.get("name"):
-        args.run_name = wandb_config["name"]
-    args.report_to = ["wandb"]
-
-
 def _loss_parts(inputs: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     """Split a team batch into `(agent, batch)` parts: keys `agent_{i}/...`, or `agent_{i}/turn_{t}/...` with turns."""
     parts: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -845,22 +620,8 @@ def _loss_parts(inputs: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     return list(parts.values())
 
 
-def _mask_rollout(rollout: tuple, active: list[bool]) -> tuple:
-    """Mark the completions of ended trajectories as not the model's (TRL's `tool_mask`): no loss on them."""
-    completion_ids = rollout[1]
-    tool_mask = [[int(a)] * len(ids) for ids, a in zip(completion_ids, active, strict=True)]
-    return (*rollout[:2], tool_mask, *rollout[3:])
-
-
 def _greedy(config: GenerationConfig) -> GenerationConfig:
     greedy = copy.deepcopy(config)
     greedy.do_sample = False
     greedy.temperature = greedy.top_p = greedy.top_k = greedy.min_p = None
     return greedy
-
-
-def _text(completion) -> str:
-    """A completion as text: plain completions as they are, conversational ones by their content."""
-    if isinstance(completion, str):
-        return completion
-    return "\n".join(str(message.get("content", "")) for message in completion)

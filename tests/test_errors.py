@@ -1,13 +1,14 @@
 """Bad input fails early, with a message that names the argument and the fix."""
 
 import math
+import re
 
 import pytest
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
-from multiagent_trl import MAGRPOConfig, MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 from .conftest import small_args
 
@@ -24,10 +25,10 @@ def no_completions(threshold=0.5):
     return []
 
 
-def build(tmp_path, tiny_path, dataset, **overrides):
+def build(tmp_path, tiny_path, dataset, trainer_class=MultiAgentGRPOTrainer, **overrides):
     kwargs = dict(model=tiny_path, reward_funcs=good_reward, args=small_args(tmp_path, num_agents=2))
     kwargs.update(overrides)
-    return MultiAgentGRPOTrainer(train_dataset=dataset, **kwargs)
+    return trainer_class(train_dataset=dataset, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -37,7 +38,6 @@ def build(tmp_path, tiny_path, dataset, **overrides):
         (dict(reward_funcs=no_completions), TypeError, "'no_completions' fits neither reward convention"),
         (dict(reward_funcs=None), ValueError, "Pass a joint reward function"),
         (dict(formatters=[str, str, str]), ValueError, "3 formatters were given for 2 agents"),
-        (dict(reward_func=good_reward), ValueError, "either `reward_funcs` or its CoMLRL name `reward_func`"),
     ],
 )
 def test_construction_errors(tmp_path, tiny_path, prompts_dataset, overrides, error, message):
@@ -45,9 +45,27 @@ def test_construction_errors(tmp_path, tiny_path, prompts_dataset, overrides, er
         build(tmp_path, tiny_path, prompts_dataset, **overrides)
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(reward_func=good_reward), "either `reward_funcs` or its CoMLRL name `reward_func`"),
+        (dict(agents=["x"]), "either `model` or its CoMLRL name `agents`"),
+        (dict(model=None, reward_funcs=None, agents=["x"]), "Pass a joint reward function: `reward_func=`"),
+    ],
+)
+def test_comlrl_names_and_their_twins_are_exclusive(tmp_path, tiny_path, prompts_dataset, overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(tmp_path, tiny_path, prompts_dataset, trainer_class=MAGRPOTrainer, **overrides)
+
+
+def test_the_core_trainer_does_not_take_comlrl_names(tmp_path, tiny_path, prompts_dataset):
+    with pytest.raises(TypeError, match="agents"):
+        build(tmp_path, tiny_path, prompts_dataset, agents=[tiny_path] * 2)
+
+
 def test_agents_and_num_agents_must_agree(tmp_path, tiny_path, prompts_dataset):
     with pytest.raises(ValueError, match=r"3 agents were given but `num_agents=2`"):
-        build(tmp_path, tiny_path, prompts_dataset, model=None, agents=[tiny_path] * 3)
+        build(tmp_path, tiny_path, prompts_dataset, model=[tiny_path] * 3)
 
 
 def test_one_model_object_cannot_be_several_agents(tmp_path, tiny_path, prompts_dataset):
@@ -60,8 +78,8 @@ def test_one_model_object_cannot_be_several_agents(tmp_path, tiny_path, prompts_
 
 def test_number_of_tokenizers_must_match(tmp_path, tiny_path, prompts_dataset):
     tokenizer = AutoTokenizer.from_pretrained(tiny_path)
-    with pytest.raises(ValueError, match=r"3 tokenizers \(`processing_class`/`tokenizer`\) were given for 2 agents"):
-        build(tmp_path, tiny_path, prompts_dataset, tokenizer=[tokenizer] * 3)
+    with pytest.raises(ValueError, match=r"3 tokenizers \(`processing_class`\) were given for 2 agents"):
+        build(tmp_path, tiny_path, prompts_dataset, trainer_class=MAGRPOTrainer, tokenizer=[tokenizer] * 3)
 
 
 def test_dataset_needs_a_prompt_column_or_formatters(tmp_path, tiny_path):

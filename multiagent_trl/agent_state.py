@@ -1,0 +1,254 @@
+"""Agent state: which of `GRPOTrainer`'s attributes belong to one agent, and each agent's own values of them.
+
+TRL's `GRPOTrainer` keeps one policy's state in its own attributes (tokenizer, generation config, reference model,
+metric buffers, the entropy controller, ...). The team trainer runs TRL's code for agent i inside an *agent view*:
+agent i's values of the `PER_AGENT` attributes are swapped in for the duration (`MultiAgentGRPOTrainer._agent_view`),
+and swapped out after, so that nothing one agent's pass writes reaches another agent.
+
+Every attribute that `GRPOTrainer` sets is sorted into exactly one of `PER_AGENT`, `SHARED` and `UNUSED_BY_TEAMS`
+(each with the reason). `tests/test_trl_contract.py` lists the attributes of the installed TRL and fails on one that
+is not sorted here, so a TRL upgrade that adds state fails in one named place instead of sharing it silently.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from peft import PeftModel
+from torch import nn
+from transformers import GenerationConfig, PreTrainedModel
+from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+from trl.models.utils import prepare_deepspeed, prepare_fsdp
+from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+if TYPE_CHECKING:
+    from .trainer import MultiAgentGRPOTrainer
+
+# Swapped in per agent. The first group is derived from the agent's model and tokenizer; `processing_class` is
+# `Trainer`'s attribute, listed because TRL reads it as the policy's.
+PER_AGENT: dict[str, str] = {
+    "processing_class": "the agent's tokenizer or processor",
+    "_tokenizer": "the agent's tokenizer",
+    "_is_vlm": "whether the agent's processing class is a multimodal processor",
+    "_image_pad_token_id": "the agent's image placeholder token",
+    "_video_pad_token_id": "the agent's video placeholder token",
+    "chat_template": "the agent's training chat template (with tools)",
+    "eos_token_ids": "the agent's end-of-sequence tokens",
+    "generation_config": "the agent's generation settings and special tokens",
+    "generation_kwargs": "the agent's generation settings and special tokens",
+    "router_aux_loss_coef": "the agent's MoE router loss coefficient (from its model config)",
+    "aux_loss_enabled": "whether the agent's model returns router logits",
+    "ref_model": "the agent's reference policy",
+    "_metrics": "the metrics TRL records for the agent (logged as agent_{i}/...)",
+    "_logs": "TRL's completions-table buffer; the team's own table is the trainer's",
+    "_pending_extra_logs": "log_extra values TRL flushes in the agent's pass (the joint pass flushes the trainer's)",
+    "_pending_metrics": "log_metric values TRL flushes in the agent's pass (the joint pass flushes the trainer's)",
+    "entropy_coef": "the agent's adaptive entropy coefficient",
+    "_last_world_entropy": "the agent's entropy at its last optimizer step (adaptive entropy control)",
+    "_entropy_window_stats": "the agent's entropy sums over the accumulation window (adaptive entropy control)",
+}
+
+# The team's: one value for all agents.
+SHARED: dict[str, str] = {
+    "accelerator": "one accelerator prepares the whole team",
+    "args": "one config; per-agent settings are read from it by index",
+    "state": "one trainer state (steps, epochs, logs)",
+    "_signature_columns": "the dataset columns kept",
+    "_dist": "collectives over the team's processes",
+    "_step": "forward-backward passes of the team",
+    "_buffered_inputs": "the team's generation batch, reused for num_iterations",
+    "_current_train_step_time": "the team's step time",
+    "_total_train_tokens": "tokens of the team's steps",
+    "_has_async_funcs": "whether the joint reward functions are async",
+    "async_loop": "event loop for async reward functions",
+    "async_loop_thread": "event loop for async reward functions",
+    "async_loop_ready_event": "event loop for async reward functions",
+    "reward_funcs": "the joint reward functions (swapped for replayed columns in each agent's pass)",
+    "reward_func_names": "names of the joint reward functions (swapped likewise)",
+    "reward_weights": "weights of the joint reward functions (swapped likewise)",
+    "reward_processing_classes": "tokenizers of reward models",
+    "num_generations": "G, the group size every agent samples",
+    "num_generations_eval": "G during evaluation",
+    "num_iterations": "updates per generation batch",
+    "max_completion_length": "completion length (one for all agents)",
+    "temperature": "sampling temperature (one for all agents)",
+    "top_p": "sampling setting (one for all agents)",
+    "top_k": "sampling setting (one for all agents)",
+    "min_p": "sampling setting (one for all agents)",
+    "repetition_penalty": "sampling setting (one for all agents)",
+    "chat_template_kwargs": "chat template arguments from the config",
+    "pad_to_multiple_of": "padding from the config",
+    "beta": "KL coefficient (one for all agents)",
+    "loss_type": "loss from the config",
+    "epsilon_low": "clipping from the config",
+    "epsilon_high": "clipping from the config",
+    "importance_sampling_level": "loss setting from the config",
+    "off_policy_mask_threshold": "loss setting from the config",
+    "mask_truncated_completions": "loss setting from the config",
+    "multi_objective_aggregation": "how reward functions combine, from the config",
+    "scale_rewards": "advantage scaling from the config",
+    "top_entropy_quantile": "loss setting from the config",
+    "use_adaptive_entropy": "whether entropy control runs (its state is per agent)",
+    "_entropy_bonus_enabled": "whether the entropy bonus applies (its coefficient is per agent)",
+    "shuffle_dataset": "data order from the config",
+    "log_completions": "logging setting from the config",
+    "log_multimodal": "logging setting from the config",
+    "log_unique_prompts": "logging setting from the config",
+    "num_completions_to_print": "logging setting from the config",
+    "commit_scheduler": "uploads of the team's completion logs",
+}
+
+# Features that a team rejects at construction (`MultiAgentGRPOTrainer` raises for N > 1): TRL's values are kept
+# for a team of one.
+UNUSED_BY_TEAMS: dict[str, str] = {
+    "tools": "tools",
+    "_standalone_tools": "tools",
+    "max_tool_calling_iterations": "tools",
+    "_sync_tool_dicts": "tools",
+    "_async_tool_dicts": "tools",
+    "environment_factories": "environments",
+    "_multi_environment": "environments",
+    "_env_tools": "environments",
+    "_environment_pool": "environments",
+    "environments": "environments",
+    "_batch_environments": "environments",
+    "rollout_func": "custom rollouts",
+    "use_vllm": "vLLM",
+    "vllm_generation": "vLLM",
+    "vllm_mode": "vLLM",
+    "vllm_gpu_memory_utilization": "vLLM",
+    "vllm_tensor_parallel_size": "vLLM",
+    "vllm_importance_sampling_correction": "vLLM",
+    "vllm_importance_sampling_mode": "vLLM",
+    "vllm_importance_sampling_clip_max": "vLLM",
+    "vllm_importance_sampling_clip_min": "vLLM",
+    "_last_loaded_step": "vLLM weight sync",
+    "use_transformers_continuous_batching": "continuous batching",
+    "continuous_batching_config": "continuous batching",
+}
+
+# PER_AGENT attributes that every agent starts with empty (or at their initial value), agent 0 included: the
+# trainer's own values are then the team's joint ones.
+_FRESH = ("_metrics", "_logs", "_pending_extra_logs", "_pending_metrics", "_entropy_window_stats")
+
+
+def initial_state(trainer: MultiAgentGRPOTrainer) -> dict[str, Any]:
+    """The buffers and the entropy controller as `GRPOTrainer.__init__` leaves them, fresh for one agent."""
+    state = {name: copy.deepcopy(getattr(trainer, name)) for name in _FRESH}
+    state["entropy_coef"] = trainer.args.entropy_coef
+    state["_last_world_entropy"] = float("inf")
+    return state
+
+
+def model_state(trainer: MultiAgentGRPOTrainer, model: PreTrainedModel | PeftModel, processing_class) -> dict:
+    """Prepare one more agent's model the way `GRPOTrainer.__init__` prepares its policy, and return the agent's
+    model- and tokenizer-derived `PER_AGENT` values."""
+    args = trainer.args
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    eos_token_ids = model.generation_config.eos_token_id
+    eos_token_ids = (
+        [] if eos_token_ids is None else [eos_token_ids] if isinstance(eos_token_ids, int) else eos_token_ids
+    )
+    if tokenizer.eos_token_id not in eos_token_ids:
+        eos_token_ids = [tokenizer.eos_token_id, *eos_token_ids]
+    if args.disable_dropout:
+        disable_dropout_in_model(model)
+    if isinstance(model, PeftModel) and args.gradient_checkpointing:
+        model.enable_input_require_grads()  # as GRPOTrainer does for its PEFT model
+    add_fused_lm_head(
+        model.get_base_model() if isinstance(model, PeftModel) else model,
+        temperature=trainer.temperature,
+        cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
+        outputs=("log_probs", "entropy"),
+    )
+    model.add_model_tags(trainer._tag_names)
+    text_config = model.config.get_text_config()
+    coef = args.router_aux_loss_coef
+    router_aux_loss_coef = getattr(text_config, "router_aux_loss_coef", 0.0) if coef is None else coef
+    # The team's generation settings with this agent's special tokens.
+    generation_kwargs = {
+        **trainer.generation_kwargs,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": eos_token_ids,
+    }
+    return {
+        "processing_class": processing_class,
+        "_tokenizer": tokenizer,
+        "_is_vlm": tokenizer is not processing_class,
+        # Multimodal agents are agent 0's kind only (TRL resolves these ids for its policy).
+        "_image_pad_token_id": None,
+        "_video_pad_token_id": None,
+        "chat_template": (
+            get_training_chat_template(processing_class)
+            if trainer.tools and not is_chat_template_prefix_preserving(processing_class)
+            else None
+        ),
+        "eos_token_ids": eos_token_ids,
+        "generation_config": GenerationConfig(**generation_kwargs, disable_compile=True),
+        "generation_kwargs": generation_kwargs,
+        "router_aux_loss_coef": router_aux_loss_coef,
+        "aux_loss_enabled": hasattr(text_config, "output_router_logits") and router_aux_loss_coef != 0.0,
+    }
+
+
+def prepare_reference(trainer: MultiAgentGRPOTrainer, ref_model: PreTrainedModel | None) -> nn.Module | None:
+    """Prepare one agent's reference model as `GRPOTrainer.__init__` prepares its own."""
+    if ref_model is None:
+        return None
+    if trainer.args.disable_dropout:
+        disable_dropout_in_model(ref_model)
+    add_fused_lm_head(
+        ref_model, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32
+    )
+    if trainer.is_deepspeed_enabled:
+        return prepare_deepspeed(ref_model, trainer.accelerator)
+    if trainer.is_fsdp_enabled:
+        return prepare_fsdp(ref_model, trainer.accelerator)
+    return trainer.accelerator.prepare_model(ref_model, evaluation_mode=True)
+
+
+def agent_views(
+    trainer: MultiAgentGRPOTrainer, models: list, processing_classes: list, ref_models: list, shared_base: bool
+) -> list[dict[str, Any]]:
+    """One `PER_AGENT` dict per agent. `GRPOTrainer.__init__` has prepared `models[0]` (and, on a shared base, every
+    agent's model): those agents take the trainer's model-derived values; the others are prepared here."""
+    prepared = {name: getattr(trainer, name) for name in PER_AGENT}
+    views = []
+    for i, (model, processing_class, ref_model) in enumerate(zip(models, processing_classes, ref_models, strict=True)):
+        view = dict(prepared) if i == 0 or shared_base else model_state(trainer, model, processing_class)
+        view["ref_model"] = prepare_reference(trainer, ref_model)
+        view.update(initial_state(trainer))
+        views.append(view)
+    return views
+
+
+# What a checkpoint keeps of each agent's state beyond its weights (TRL saves its controller's state for one policy).
+ENTROPY_STATE_FILE = "agent_entropy_ctrl_state.json"
+
+
+def save_entropy_states(views: list[dict[str, Any]], checkpoint_dir: str) -> None:
+    """Write every agent's adaptive entropy controller state into `checkpoint_dir`."""
+    states = [{"entropy_coef": v["entropy_coef"], "last_world_entropy": v["_last_world_entropy"]} for v in views]
+    with open(os.path.join(checkpoint_dir, ENTROPY_STATE_FILE), "w") as f:
+        json.dump(states, f)
+
+
+def load_entropy_states(views: list[dict[str, Any]], checkpoint_dir: str) -> None:
+    """Restore what `save_entropy_states` wrote (a checkpoint without the file leaves the controllers as they are)."""
+    path = os.path.join(checkpoint_dir, ENTROPY_STATE_FILE)
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        states = json.load(f)
+    if len(states) != len(views):
+        raise ValueError(f"{path} holds {len(states)} agents' entropy state; this team has {len(views)} agents.")
+    for view, state in zip(views, states):
+        view["entropy_coef"], view["_last_world_entropy"] = state["entropy_coef"], state["last_world_entropy"]

@@ -1,0 +1,131 @@
+"""Loading a team: the agents' models, their tokenizers, their LoRA adapters and their reference copies.
+
+A model id or path is loaded exactly as `GRPOTrainer` loads its own (`create_model_from_path` with
+`model_init_kwargs`), so that a team of one matches it; a local folder saved with `save_pretrained` loads the same
+way as a Hub id.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+
+from peft import PeftConfig, PeftModel, get_peft_model
+from torch import nn
+from transformers import AutoProcessor, PreTrainedModel, PreTrainedTokenizerBase
+from trl.trainer.utils import create_model_from_path
+
+from .config import MultiAgentGRPOConfig
+
+
+def load_agents(model, args: MultiAgentGRPOConfig, quantization_config, copies: bool) -> list[PreTrainedModel]:
+    """The agents' models: one per agent, or with `copies=False` one model (the base the agents' adapters share).
+
+    `model` is a model id or path (loaded `args.num_agents` times), one model, or a list with one model or id per
+    agent.
+    """
+    if isinstance(model, (str, os.PathLike)):
+        entries = [model] * ((args.num_agents or 1) if copies else 1)
+    elif isinstance(model, nn.Module):
+        if copies and args.num_agents not in (None, 1):
+            raise ValueError(
+                f"One model object was given with `num_agents={args.num_agents}`. Pass a list of {args.num_agents} "
+                "models, a model id or path (loaded once per agent), or a `peft_config` to train one adapter per "
+                "agent on this model."
+            )
+        entries = [model]
+    else:
+        entries = list(model)
+        if not entries:
+            raise ValueError("The list of agents is empty: pass at least one model or model id.")
+        if args.num_agents is not None and args.num_agents != len(entries):
+            raise ValueError(
+                f"{len(entries)} agents were given but `num_agents={args.num_agents}`: make them agree (or leave "
+                "`num_agents` unset to use the number of agents given)."
+            )
+    models = []
+    for entry in entries:
+        if isinstance(entry, (str, os.PathLike)):
+            init_kwargs = dict(args.model_init_kwargs or {})
+            if quantization_config is not None:
+                init_kwargs["quantization_config"] = quantization_config
+            if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+                init_kwargs["device_map"] = None
+            init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+            entry = create_model_from_path(str(entry), **init_kwargs)
+        elif not isinstance(entry, (PreTrainedModel, PeftModel)):
+            raise TypeError(
+                "Each agent must be a model id, a path, a transformers PreTrainedModel or a PeftModel; got "
+                f"{type(entry).__name__}."
+            )
+        models.append(entry)
+    if len({id(m) for m in models}) != len(models):
+        raise ValueError(
+            "The same model object was given for several agents; agents must not share weights. Pass separate copies "
+            "(or a model id or path, which is loaded once per agent)."
+        )
+    return models
+
+
+def load_processing_classes(processing_class, models: Sequence[nn.Module], args: MultiAgentGRPOConfig) -> list:
+    """One tokenizer (or processor) per model: the one given for all, one given per agent, or each model's own."""
+    if processing_class is None or isinstance(processing_class, PreTrainedTokenizerBase):
+        processing_classes = [processing_class] * len(models)
+    else:
+        processing_classes = list(processing_class)
+        if len(processing_classes) != len(models):
+            raise ValueError(
+                f"{len(processing_classes)} tokenizers (`processing_class`) were given for {len(models)} agents: "
+                "pass one tokenizer for all, or one per agent."
+            )
+    return [
+        pc
+        if pc is not None
+        else AutoProcessor.from_pretrained(
+            m.config._name_or_path,
+            truncation_side="left",
+            padding_side="left",
+            trust_remote_code=args.trust_remote_code,
+        )
+        for pc, m in zip(processing_classes, models, strict=True)
+    ]
+
+
+def add_adapters(models: list, peft_configs: list[PeftConfig] | None, shared_base: bool) -> list:
+    """Put the agents' LoRA adapters on: on a shared base, one adapter per agent named `agent_{i}` (returns the one
+    `PeftModel`); otherwise an adapter on each model that is not a `PeftModel` already.
+
+    Each adapter gets its own copy of its config: PEFT writes into the config it is given (for example
+    `base_model_name_or_path`), so one object shared by several agents would carry the last agent's values.
+    """
+    if peft_configs is None:
+        return models
+    peft_configs = [copy.deepcopy(c) for c in peft_configs]
+    if shared_base:
+        team = get_peft_model(models[0], peft_configs[0], adapter_name="agent_0")
+        for i, config in enumerate(peft_configs[1:], start=1):
+            team.add_adapter(f"agent_{i}", config)
+        return [team]
+    return [m if isinstance(m, PeftModel) else get_peft_model(m, c) for m, c in zip(models, peft_configs)]
+
+
+def add_reference_adapter(model: PeftModel) -> None:
+    """Give an agent that arrived as a `PeftModel` (an adapter already trained) a frozen copy of its adapter, named
+    `ref`, as its KL reference: what `GRPOTrainer.__init__` does for such a model when `beta != 0`. (An adapter the
+    trainer creates starts at the base's behaviour, so its reference is the base with the adapter disabled.)"""
+    name = model.active_adapter
+    model.add_adapter("ref", copy.deepcopy(model.peft_config[name]))
+    for param_name, param in model.named_parameters():
+        if f".{name}." in param_name:
+            model.get_parameter(param_name.replace(f".{name}.", ".ref.")).data.copy_(param.data)
+
+
+def reference_copies(models: list, beta: float) -> list[nn.Module | None]:
+    """Each full-model agent's reference: a copy of its initial weights (`None` with `beta == 0`, and for adapter
+    agents, whose reference is their base or their `ref` adapter).
+
+    Copied here, before TRL patches the forward (a copy made after would call the original model's forward), and
+    not reloaded from a path as TRL does: an in-memory model has none.
+    """
+    return [copy.deepcopy(m) if beta != 0.0 and not isinstance(m, PeftModel) else None for m in models]
