@@ -23,11 +23,27 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 MEMORY_CASES = ("trl-lora-1", "team-lora-4", "separate-lora-4")
+
+
+@dataclass
+class Arguments:
+    """Flags (`--help` lists them; `--output-dir` and `--output_dir` both work; `--config run.yaml` takes a file)."""
+
+    only: str | None = field(
+        default=None, metadata={"help": "Run only this benchmark (default: both).", "choices": ["memory", "speed"]}
+    )
+    rounds: int = field(default=3, metadata={"help": "Alternating rounds of the speed benchmark."})
+    steps: int = field(default=4, metadata={"help": "Steps per run in the speed benchmark."})
+    output_dir: str = field(default="/tmp/multiagent_trl_bench", metadata={"help": "Where the trainers write."})
+    # Internal: one memory case in its own process (peak RSS is per process).
+    worker: str | None = field(default=None, metadata={"choices": list(MEMORY_CASES), "help": argparse.SUPPRESS})
+    model_path: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
 
 
 def rss_mb() -> float:
@@ -131,14 +147,10 @@ def run_memory(model_path: str, output_dir: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("memory", "speed"))
-    parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds of the speed benchmark.")
-    parser.add_argument("--steps", type=int, default=4, help="Steps per run in the speed benchmark.")
-    parser.add_argument("--output-dir", default="/tmp/multiagent_trl_bench")
-    parser.add_argument("--worker", choices=MEMORY_CASES, help=argparse.SUPPRESS)
-    parser.add_argument("--model-path", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    from trl import TrlParser
+
+    parser = TrlParser(Arguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    (args,) = parser.parse_args_and_config()
 
     if args.worker:
         print(json.dumps(memory_worker(args.worker, args.model_path, args.output_dir)))

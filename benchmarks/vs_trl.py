@@ -48,6 +48,7 @@ import sys
 import textwrap
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -70,6 +71,27 @@ NUM_GENERATIONS = 4
 MAX_COMPLETION_LENGTH = 16
 README = Path(__file__).resolve().parent.parent / "README.md"
 MARKERS = ("<!-- bench:vs_trl start -->", "<!-- bench:vs_trl end -->")
+
+
+@dataclass
+class Arguments:
+    """Flags (`--help` lists them; `--steps-per-run` and `--steps_per_run` both work; `--config run.yaml` too)."""
+
+    sizes: list[str] = field(
+        default_factory=lambda: list(SIZES), metadata={"help": "Models to run.", "choices": list(SIZES)}
+    )
+    kinds: list[str] = field(
+        default_factory=lambda: list(KINDS), metadata={"help": "Team kinds to run.", "choices": list(KINDS)}
+    )
+    rounds: int = field(default=12, metadata={"help": "Alternating rounds of short runs per case."})
+    steps_per_run: int = field(default=5, metadata={"help": "Timed steps per run (after 1 warm-up step)."})
+    memory_steps: int = field(default=2, metadata={"help": "Steps of each memory run."})
+    threads: int = field(default_factory=os.cpu_count, metadata={"help": "torch threads, in every process."})
+    no_memory: bool = field(default=False, metadata={"help": "Skip the memory subprocesses."})
+    update_readme: bool = field(default=False, metadata={"help": "Rewrite the README's table with this run."})
+    output_dir: str = field(default="/tmp/multiagent_trl_bench_vs_trl", metadata={"help": "Where the trainers write."})
+    # Internal: one memory setup in its own process (peak RSS is per process): SETUP SIZE KIND.
+    worker: list[str] | None = field(default=None, metadata={"metavar": "SETUP SIZE KIND", "help": argparse.SUPPRESS})
 
 
 def memory_status_mb() -> dict[str, float]:
@@ -296,7 +318,7 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def readme_block(results: list[dict], args: argparse.Namespace, seconds: float) -> str:
+def readme_block(results: list[dict], args: Arguments, seconds: float) -> str:
     import torch
     import transformers
     import trl
@@ -326,18 +348,12 @@ def update_readme(block: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", choices=SIZES, default=list(SIZES))
-    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
-    parser.add_argument("--rounds", type=int, default=12, help="Alternating rounds of short runs per case.")
-    parser.add_argument("--steps-per-run", type=int, default=5, help="Timed steps per run (after 1 warm-up step).")
-    parser.add_argument("--memory-steps", type=int, default=2, help="Steps of each memory run.")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, in every process.")
-    parser.add_argument("--no-memory", action="store_true", help="Skip the memory subprocesses.")
-    parser.add_argument("--update-readme", action="store_true", help="Rewrite the README's table with this run.")
-    parser.add_argument("--output-dir", default="/tmp/multiagent_trl_bench_vs_trl")
-    parser.add_argument("--worker", nargs=3, metavar=("SETUP", "SIZE", "KIND"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    from trl import TrlParser
+
+    parser = TrlParser(Arguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    (args,) = parser.parse_args_and_config()
+    if args.worker is not None and len(args.worker) != 3:
+        parser.error(f"--worker takes SETUP SIZE KIND, got {args.worker}")
 
     import torch
 
