@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -252,6 +252,10 @@ class CodeTeam:
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return results
+
+    def status_counts(self) -> dict[str, int]:
+        """How many of the distinct programs run lately (the cache's) ended in each status."""
+        return dict(Counter(result.status for result in self._cache.values()))
 
     def score(self, team: TeamProgram, result: ExecutionResult) -> float:
         """The reward levels reached by one composed program and its run."""
