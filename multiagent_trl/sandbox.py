@@ -57,7 +57,7 @@ sandbox protects the host, not the score: a program written to fool its tests (o
 from __future__ import annotations
 
 import ast
-import json
+import functools
 import math
 import os
 import selectors
@@ -78,108 +78,119 @@ ISOLATION_MODES = ("bwrap", "namespaces", "none")
 NOBODY = 65534  # the unprivileged uid and gid a root parent drops to
 _TRUNCATED = "\n[... truncated]"
 
-# Runs inside the job's interpreter (`python -s -S -c LAUNCHER <result fd> <mode>`): reads the job as JSON on stdin,
-# sets the limits (after the namespaces exist, so that the process count is the job's own), runs the program and the
-# tests, and writes one JSON report to the result fd. Standard library only.
+# Runs inside the job's interpreter (`python -s -S -c LAUNCHER <result fd> <mode>`): reads the job on stdin, sets the
+# limits (after the namespaces exist, so that the process count is the job's own), runs the program and the test
+# steps, and writes one report to the result fd. Only built-in modules at start (the interpreter's start-up is most of
+# a job's cost); the parent splits the tests, and fields travel NUL-separated (Python source cannot hold a NUL).
 LAUNCHER = r"""
-import ast, json, linecache, os, resource, sys, traceback
+import os, resource, sys
 fd, mode = int(sys.argv[1]), sys.argv[2]
 sys.path[:] = [path for path in sys.path if path]  # not the working directory: the program cannot shadow modules
-job = json.loads(sys.stdin.read())
+fields = sys.stdin.buffer.read().decode().split("\0")
 null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(null, 0)
-report = os.fdopen(fd, "w")
-limits = job["limits"]
+entry, limits, program, steps = fields[0] or None, [int(x) for x in fields[1].split(",")], fields[2], fields[3:]
+cpu, memory, processes, file_bytes, message_chars = limits
 if mode == "none":  # no user namespace: RLIMIT_NPROC counts every task of this uid, so allow the ones that exist
-    uid, tasks = os.getuid(), 0
+    uid = os.getuid()
     for pid in os.listdir("/proc"):
         try:
             with open(f"/proc/{pid}/status") as status:
-                fields = dict(line.split(":", 1) for line in status if ":" in line)
-            if int(fields["Uid"].split()[0]) == uid:
-                tasks += int(fields["Threads"])
+                lines = dict(line.split(":", 1) for line in status if ":" in line)
+            if int(lines["Uid"].split()[0]) == uid:
+                processes += int(lines["Threads"])
         except (OSError, ValueError, KeyError):
             pass
-    limits["processes"] += tasks
-cpu = limits["cpu_seconds"]
-for name, value in (("RLIMIT_CPU", (cpu, cpu + 1)), ("RLIMIT_AS", limits["memory_bytes"]),
-                    ("RLIMIT_NPROC", limits["processes"]), ("RLIMIT_FSIZE", limits["file_bytes"]),
-                    ("RLIMIT_NOFILE", 64), ("RLIMIT_CORE", 0)):
-    value = value if isinstance(value, tuple) else (value, value)
-    resource.setrlimit(getattr(resource, name), value)
+for name, value in (("RLIMIT_CPU", (cpu, cpu + 1)), ("RLIMIT_AS", memory), ("RLIMIT_NPROC", processes),
+                    ("RLIMIT_FSIZE", file_bytes), ("RLIMIT_NOFILE", 64), ("RLIMIT_CORE", 0)):
+    resource.setrlimit(getattr(resource, name), value if isinstance(value, tuple) else (value, value))
 
 
-def short(text, limit=limits["message_chars"]):
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def short(text):
+    return text if len(text) <= message_chars else text[: message_chars - 3] + "..."
 
 
 def finish(status, passed=0, total=0, error="", failed=()):
     sys.stdout.flush(); sys.stderr.flush()
-    report.write(json.dumps(dict(status=status, passed=passed, total=total, error=short(error), failed=list(failed))))
-    report.flush()
+    report = [status, str(passed), str(total), short(error).replace("\0", ""), *failed]
+    os.write(fd, "\0".join(report).encode("utf-8", "replace"))
     os._exit(0)
 
 
-def describe(err):
-    return "".join(traceback.format_exception_only(type(err), err)).strip()
+def describe(err, frames=False):
+    import linecache, traceback  # only on errors
+    for name, source in (("solution.py", program),):  # source lines in the traceback
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    text = "".join(traceback.format_exception_only(type(err), err)).strip()
+    trace = traceback.extract_tb(err.__traceback__)[1:] if frames else []  # the program's frames, not the runner's
+    return text + ("\n" + "".join(traceback.format_list(trace[-3:])).rstrip() if trace else "")
 
 
-for name, source in (("solution.py", job["program"]), ("tests.py", job["tests"])):  # source lines in tracebacks
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+tests = [(steps[i] == "t", steps[i + 1]) for i in range(0, len(steps), 2)]
+total = sum(is_test for is_test, _ in tests)
 try:
-    code = compile(job["program"], "solution.py", "exec")
-except (SyntaxError, ValueError, MemoryError) as err:
+    code = compile(program, "solution.py", "exec")
+except (SyntaxError, ValueError, MemoryError, RecursionError) as err:
     finish("syntax_error", error=describe(err))
 scope = {"__name__": "solution", "__builtins__": __builtins__}
-# The tests, split into (setup or test, compiled statement, source): a test is a statement containing an assert.
-tests_tree = ast.parse(job["tests"])
-entry = job["entry_point"]
-body, check = [], None
-for node in tests_tree.body:
-    is_check_call = (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-                     and isinstance(node.value.func, ast.Name) and node.value.func.id == "check")
-    if isinstance(node, ast.FunctionDef) and node.name == "check":
-        check = node
-    if is_check_call:
-        if entry is None and node.value.args and isinstance(node.value.args[0], ast.Name):
-            entry = node.value.args[0].id
-        continue
-    body.append(node)
-if check is not None:
-    body = [n for n in body if n is not check] + check.body
-steps = []
-for node in body:
-    is_test = any(isinstance(n, ast.Assert) for n in ast.walk(node))
-    module = ast.Module(body=[node], type_ignores=[])
-    source = short(ast.get_source_segment(job["tests"], node) or "")
-    steps.append((is_test, compile(module, "tests.py", "exec"), source))
-total = sum(is_test for is_test, _, _ in steps)
 try:
     exec(code, scope)
 except MemoryError:
     finish("memory", total=total, error="MemoryError while running the program")
 except BaseException as err:
-    trace = traceback.extract_tb(err.__traceback__)[1:]  # the program's frames, not the runner's
-    lines = "".join(traceback.format_list(trace[-3:])) if trace and not isinstance(err, SystemExit) else ""
-    finish("error", total=total, error=describe(err) + ("\n" + lines.rstrip() if lines else ""))
-if check is not None:
-    if entry not in scope or not callable(scope[entry]):
+    finish("error", total=total, error=describe(err, frames=not isinstance(err, SystemExit)))
+if entry is not None:
+    if not callable(scope.get(entry)):
         finish("error", total=total, error=f"NameError: the program does not define the function {entry!r}")
     scope["candidate"] = scope[entry]
 passed, failed, error = 0, [], ""
-for is_test, statement, source in steps:
+for is_test, source in tests:
     try:
-        exec(statement, scope)
+        exec(compile(source, "tests.py", "exec"), scope)
         passed += is_test
     except MemoryError:
         finish("memory", passed, total, "MemoryError while running the tests", failed)
     except BaseException as err:
         if not is_test:
             finish("error", passed, total, describe(err), failed)
-        failed.append(source)
+        failed.append(short(source))
         error = error or ("" if isinstance(err, AssertionError) and not str(err) else describe(err))
 finish("passed" if passed == total else "failed", passed, total, error, failed)
 """
+
+
+def split_tests(tests: str, entry_point: str | None) -> tuple[list[tuple[bool, str]], str | None]:
+    """The tests as steps `(is_test, source)` in running order, and the function a `check(candidate)` receives.
+
+    A test is a top-level statement that contains an `assert`, or one of `check`'s body; the other statements are
+    setup. A trailing `check(name)` call is dropped (the runner calls nothing) and names the entry point.
+
+    >>> split_tests("import math\\nassert math.pi > 3", None)
+    ([(False, 'import math'), (True, 'assert math.pi > 3')], None)
+    >>> split_tests("def check(candidate):\\n    x = 1\\n    assert candidate(x)\\ncheck(f)", None)[1]
+    'f'
+    """
+    tree = ast.parse(tests)
+    body, check = [], None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            check = node
+            continue
+        call = node.value if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) else None
+        if call is not None and isinstance(call.func, ast.Name) and call.func.id == "check":
+            if entry_point is None and call.args and isinstance(call.args[0], ast.Name):
+                entry_point = call.args[0].id
+            continue
+        body.append(node)
+    if check is not None:
+        if entry_point is None:
+            raise ValueError(
+                "the tests define check(candidate) but name no function to check; pass entry_point= (HumanEval's "
+                "'entry_point' column) or end the tests with a line `check(<function name>)`."
+            )
+        body += check.body
+    steps = [(any(isinstance(n, ast.Assert) for n in ast.walk(node)), ast.unparse(node)) for node in body]
+    return steps, entry_point if check is not None else None
 
 
 @dataclass(frozen=True)
@@ -189,6 +200,21 @@ class Job:
     program: str
     tests: str = ""
     entry_point: str | None = None
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A checked job: the program, its test steps `(is_test, source)`, and the function `check` receives."""
+
+    program: str
+    steps: tuple[tuple[bool, str], ...]
+    entry_point: str | None
+
+
+@functools.lru_cache(maxsize=256)  # the jobs of a batch share few test texts
+def _split_cached(tests: str, entry_point: str | None) -> tuple[tuple[tuple[bool, str], ...], str | None]:
+    steps, entry = split_tests(tests, entry_point)
+    return tuple(steps), entry
 
 
 @dataclass(frozen=True)
@@ -322,7 +348,7 @@ class Sandbox:
     # ------------------------------------------------------------------ checks
 
     @staticmethod
-    def _job(job, index: int) -> Job:
+    def _job(job, index: int) -> _Prepared:
         if isinstance(job, str) or not isinstance(job, (Job, tuple, list)):
             raise TypeError(
                 f"Job {index} is a {type(job).__name__}; a job is a Job or a tuple (program, tests[, entry_point])."
@@ -333,26 +359,15 @@ class Sandbox:
             job = Job(*job)
         if not isinstance(job.program, str) or not isinstance(job.tests, str):
             raise TypeError(f"Job {index}: `program` and `tests` must be strings.")
+        if "\0" in job.tests:
+            raise ValueError(f"Job {index}: the tests contain a NUL character; Python source cannot.")
         try:
-            tree = ast.parse(job.tests)
+            steps, entry = _split_cached(job.tests, job.entry_point)
         except SyntaxError as err:
             raise ValueError(f"Job {index}: the tests do not parse ({err}); fix the tests, not the program.") from err
-        defines_check = any(isinstance(node, ast.FunctionDef) and node.name == "check" for node in tree.body)
-        calls_check = any(
-            isinstance(node, ast.Expr)
-            and isinstance(node.value, ast.Call)
-            and isinstance(node.value.func, ast.Name)
-            and node.value.func.id == "check"
-            and node.value.args
-            and isinstance(node.value.args[0], ast.Name)
-            for node in tree.body
-        )
-        if defines_check and job.entry_point is None and not calls_check:
-            raise ValueError(
-                f"Job {index}: the tests define check(candidate) but name no function to check; pass entry_point= "
-                "(HumanEval's 'entry_point' column) or end the tests with a line `check(<function name>)`."
-            )
-        return job
+        except ValueError as err:
+            raise ValueError(f"Job {index}: {err}") from err
+        return _Prepared(job.program, steps, entry)
 
     def _default_python(self) -> str:
         executable = os.path.realpath(sys.executable)
@@ -378,11 +393,15 @@ class Sandbox:
             "none": f"check that {self.python} runs.",
         }
         tool = {"bwrap": "bwrap", "namespaces": "unshare", "none": None}[self.isolation]
+        if self._drop_to is not None and shutil.which("setpriv") is None:
+            raise SandboxUnavailableError(
+                "This process is root; jobs run as uid 65534 through `setpriv`, not found on PATH: install util-linux."
+            )
         if tool and shutil.which(tool) is None:
             raise SandboxUnavailableError(
                 f"isolation={self.isolation!r} needs `{tool}`, not found on PATH: {fixes[self.isolation]}"
             )
-        result = self._execute(Job("x = 1", "assert x == 1"), timeout=max(self.timeout, 10.0))
+        result = self._execute(self._job(("x = 1", "assert x == 1"), 0), timeout=max(self.timeout, 10.0))
         if result.status != "passed":
             raise SandboxUnavailableError(
                 f"isolation={self.isolation!r} could not run a trivial job (status {result.status!r}: "
@@ -395,14 +414,15 @@ class Sandbox:
         # Not -I: it would ignore PYTHONHASHSEED. The environment is entirely ours anyway, and the launcher drops the
         # working directory from sys.path.
         launcher = [self.python, "-s", "-S", "-c", LAUNCHER, str(fd), self.isolation]
+        command = self._drop_privileges()
         if self.isolation == "none":
-            return launcher
+            return command + launcher
         if self.isolation == "namespaces":
-            return [
+            return command + [
                 "unshare", "--user", f"--map-user={NOBODY}", f"--map-group={NOBODY}", "--net", "--pid", "--fork",
                 "--kill-child", "--mount-proc", "--ipc", "--uts", *launcher,
             ]  # fmt: skip
-        command = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+        command += ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
         command += [
             "--unshare-cgroup-try",
             "--disable-userns",
@@ -427,28 +447,32 @@ class Sandbox:
         command += ["--size", str(self.max_file_mb << 20), "--perms", "0700", "--tmpfs", "/tmp", "--chdir", "/tmp"]
         return command + launcher
 
-    def _execute(self, job: Job, timeout: float | None = None) -> ExecutionResult:
+    def _drop_privileges(self) -> list[str]:
+        """A root parent runs jobs as uid/gid 65534 through util-linux `setpriv`: an exec rather than Popen's `user=`,
+        which would make Python fork (copying a large trainer's page tables) instead of vfork."""
+        if self._drop_to is None:
+            return []
+        return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+
+    def _execute(self, job: _Prepared, timeout: float | None = None) -> ExecutionResult:
         timeout = self.timeout if timeout is None else timeout
         start = time.monotonic()
+        if "\0" in job.program:  # cannot travel to the runner, and would not compile
+            return ExecutionResult("syntax_error", 0, 0, error="SyntaxError: source code cannot contain null bytes")
         workdir = None if self.isolation == "bwrap" else tempfile.mkdtemp(prefix="sandbox-")
         read_fd, write_fd = os.pipe()
         try:
             if workdir is not None and self._drop_to is not None:
                 os.chown(workdir, self._drop_to, self._drop_to)
-            payload = json.dumps(
-                dict(
-                    program=job.program,
-                    tests=job.tests,
-                    entry_point=job.entry_point,
-                    limits=dict(
-                        cpu_seconds=max(1, math.ceil(timeout)),
-                        memory_bytes=self.memory_mb << 20,
-                        processes=self.max_processes,
-                        file_bytes=self.max_file_mb << 20,
-                        message_chars=min(2000, self.max_output_bytes),
-                    ),
-                )
-            ).encode()
+            limits = (max(1, math.ceil(timeout)), self.memory_mb << 20, self.max_processes, self.max_file_mb << 20)
+            fields = [
+                job.entry_point or "",
+                ",".join(map(str, (*limits, min(2000, self.max_output_bytes)))),
+                job.program,
+            ]
+            for is_test, source in job.steps:
+                fields += ["t" if is_test else "s", source]
+            payload = "\0".join(fields).encode("utf-8", "surrogatepass")
             env = _environment(workdir) if workdir else {}  # bwrap sets the job's environment itself
             try:
                 process = subprocess.Popen(
@@ -460,9 +484,6 @@ class Sandbox:
                     cwd=workdir or "/",
                     env=env,
                     start_new_session=True,  # its own process group, killed as a whole
-                    user=self._drop_to,
-                    group=self._drop_to,
-                    extra_groups=[] if self._drop_to is not None else None,
                 )
             except OSError as err:
                 return ExecutionResult(
@@ -480,23 +501,14 @@ class Sandbox:
                 shutil.rmtree(workdir, ignore_errors=True)
         stdout, stderr = (_text(buffer, self.max_output_bytes) for buffer in outputs)
         seconds = time.monotonic() - start
-        try:
-            verdict = json.loads(report.decode())
-        except (UnicodeDecodeError, ValueError):
+        verdict = report.decode("utf-8", errors="replace").split("\0") if report else None
+        if verdict is not None and (len(verdict) < 4 or verdict[0] not in STATUSES or not verdict[1].isdigit()):
             verdict = None
         if timed_out:
             status, error = "timeout", f"ran over the {timeout:g} s time limit"
-        elif verdict is not None and verdict.get("status") in STATUSES:
-            return ExecutionResult(
-                verdict["status"],
-                int(verdict["passed"]),
-                int(verdict["total"]),
-                stdout,
-                stderr,
-                seconds,
-                str(verdict["error"]),
-                tuple(str(source) for source in verdict["failed"]),
-            )
+        elif verdict is not None:
+            status, passed, total, error, *failed = verdict
+            return ExecutionResult(status, int(passed), int(total), stdout, stderr, seconds, error, tuple(failed))
         elif _signal_of(returncode) == signal.SIGXCPU:
             status, error = "timeout", f"ran over the {math.ceil(timeout)} s CPU-time limit"
         elif _signal_of(returncode) is not None:

@@ -338,6 +338,6 @@ def test_bad_input_is_refused_before_running():
 
 
 def test_missing_tool_refuses_to_run(monkeypatch):
-    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "bwrap" else f"/usr/bin/{name}")
     with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
         Sandbox(isolation="bwrap", python=sys.executable)
