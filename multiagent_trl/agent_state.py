@@ -21,8 +21,10 @@ from peft import PeftModel
 from torch import nn
 from transformers import GenerationConfig, PreTrainedModel
 from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
-from trl.models.utils import prepare_deepspeed, prepare_fsdp
+from trl.models.utils import prepare_deepspeed
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+from . import sharding
 
 if TYPE_CHECKING:
     from .trainer import MultiAgentGRPOTrainer
@@ -211,7 +213,7 @@ def prepare_reference(trainer: MultiAgentGRPOTrainer, ref_model: PreTrainedModel
     if trainer.is_deepspeed_enabled:
         return prepare_deepspeed(ref_model, trainer.accelerator)
     if trainer.is_fsdp_enabled:
-        return prepare_fsdp(ref_model, trainer.accelerator)
+        return sharding.prepare_reference(ref_model, trainer.accelerator)
     return trainer.accelerator.prepare_model(ref_model, evaluation_mode=True)
 
 

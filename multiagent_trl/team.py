@@ -203,12 +203,17 @@ class LoraAgentTeam(AgentTeam):
         self._batch_rows: list[int] | None = None
         self._agent_parameters: dict[int, list[nn.Parameter]] = {}
         model.set_requires_grad(self.adapter_names, requires_grad=True)
+        self.refresh_parameters()
+
+    def refresh_parameters(self) -> None:
+        """Index the adapters' parameters again, after something replaced them (FSDP sharding)."""
         # Every parameter that belongs to an agent's adapter (a name component is the adapter's name): what
         # `set_requires_grad` makes trainable, kept to undo PEFT's freezing without walking the model each forward.
         names = set(self.adapter_names)
         self._adapter_parameter_list = [
-            p for n, p in model.named_parameters() if p.requires_grad and names.intersection(n.split("."))
+            p for n, p in self.peft_model.named_parameters() if p.requires_grad and names.intersection(n.split("."))
         ]
+        self._agent_parameters.clear()
 
     @property
     def num_agents(self) -> int:
@@ -298,7 +303,9 @@ class LoraAgentTeam(AgentTeam):
         parent, leaf = os.path.split(os.path.abspath(directory))
         if leaf != name:
             raise ValueError(f"Adapter '{name}' must be saved to a folder named '{name}', got {directory}.")
-        self.peft_model.save_pretrained(parent, selected_adapters=[name])
+        if state_dict is not None:  # gathered by an engine (FSDP, DeepSpeed) for the whole team
+            state_dict = {k.removeprefix("peft_model."): v for k, v in state_dict.items()}
+        self.peft_model.save_pretrained(parent, selected_adapters=[name], state_dict=state_dict)
         if merged:
             model = copy.deepcopy(self.peft_model)
             model.set_adapter(name)

@@ -27,17 +27,31 @@ from accelerate.utils import gather, gather_object
 from datasets import Dataset, IterableDataset
 from peft import PeftConfig, PeftModel
 from torch import nn
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, set_seed
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, set_seed
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
+from . import sharding
+from .advantages import baseline_advantages
 from .agent_state import agent_views, load_entropy_states, save_entropy_states
 from .checkpointing import save_atomically
 from .config import MultiAgentGRPOConfig
+from .evaluation import EvalRecorder, EvalTrajectories, decoding
 from .loading import add_adapters, add_reference_adapter, load_agents, load_processing_classes, reference_copies
-from .rewards import apply_processor, bind_reward_funcs, cross_credit, cross_tuples
+from .placement import place_agents
+from .rewards import (
+    ROWS_COLUMN,
+    apply_processor,
+    bind_reward_funcs,
+    credit_columns,
+    cross_credit,
+    cross_tuples,
+    flush_reward_logs,
+    pop_agent_rewards,
+    weighted_sum,
+)
 from .rollouts import Replay, Rollout
 from .team import AgentTeam, LoraAgentTeam
 from .turns import completion_text, play_episodes, transition_style
@@ -122,6 +136,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "multiagent-trl", "magrpo"]
     _name = "MAGRPO"
+    record_eval_trajectories = False  # True: `evaluate` collects every trajectory for `trajectory_metrics`
 
     def __init__(
         self,
@@ -150,6 +165,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 "MAGRPOConfig), which takes every GRPOConfig field: replace `GRPOConfig(` with "
                 "`MultiAgentGRPOConfig(`."
             )
+
+        sharding.check_launch(args)  # before loading models: every launched process must be in the run
 
         # 1. The agents: one base with one adapter per agent, or one model per agent (each with its own adapter if
         # asked). PEFT draws adapter weights from the global generator, so seed first, as GRPOTrainer does.
@@ -216,10 +233,16 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             team = LoraAgentTeam(models[0], [f"agent_{i}" for i in range(num_agents)])
         else:
             team = AgentTeam(models)
-        if self.place_model_on_device and not self.is_model_parallel:
+        if sharding.is_fsdp2(self.accelerator):
+            team = sharding.shard_team(team, self.accelerator)  # each agent's layers are its own FSDP units
+        elif self.place_model_on_device and not self.is_model_parallel:
             self._move_model_to_device(team, self.args.device)
+        if args.agent_devices is not None:
+            place_agents(self, team, args.agent_devices, args.reference_devices)
         self.model = self.model_wrapped = self.callback_handler.model = team
         self._replay: Replay | None = None
+        self._agent_rewards: torch.Tensor | None = None  # (rows, F, N): the last joint pass's per-agent rewards
+        self._eval_recorder: EvalRecorder | None = None
 
     @staticmethod
     def _check_team_arguments(args, num_agents: int, shared_base: bool, processing_classes: list, kwargs) -> None:
@@ -234,6 +257,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             )
         if shared_base and len(set(map(id, processing_classes))) > 1:
             raise ValueError("Agents that share one base model share its tokenizer: pass one `processing_class`.")
+
+    def create_accelerator_and_postprocess(self) -> None:
+        # FSDP runs on CPU too (gloo), and a requested engine that is not set up is an error, not a fallback.
+        with sharding.fsdp_on_cpu(self.args):
+            super().create_accelerator_and_postprocess()
+        sharding.check_engine(self.accelerator, self.args)
 
     # ------------------------------------------------------------------ agent views
 
@@ -309,14 +338,14 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # 2. Score joint samples once; credit each agent's completions.
         rewards_per_func, extras = self._joint_rewards(inputs, agent_inputs, rollouts, num_generations, mode)
         joint = self._process_rewards(rewards_per_func, mode)
-        if self.reward_processor is None:  # TRL weighs and normalizes the functions' rewards itself
-            rewards, names, weights = rewards_per_func, self.reward_func_names, self.reward_weights
-        else:
-            rewards, names, weights = joint.unsqueeze(1), ["reward"], torch.ones(1)
+        # TRL weighs and normalizes the functions' rewards itself, unless a processor applies to their sum first.
+        names, weights = self.reward_func_names, self.reward_weights
+        if self.reward_processor is not None:
+            names, weights = ["reward"], torch.ones(1)
+        columns = credit_columns(rewards_per_func, joint, self._agent_rewards, self.reward_processor, weights)
+        credited = [columns[i % len(columns)] for i in range(self.num_agents)]  # the joint, or the agent's own
         if self.args.joint_mode == "cross":
-            credited = [cross_credit(rewards, num_generations, self.num_agents, i) for i in range(self.num_agents)]
-        else:
-            credited = [rewards] * self.num_agents
+            credited = [cross_credit(c, num_generations, self.num_agents, i) for i, c in enumerate(credited)]
 
         # 3. TRL's own scoring per agent: advantages, old/ref log-probs, metrics.
         outputs = self._score_agents(agent_inputs, rollouts, credited, names, weights)
@@ -327,7 +356,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         """Every agent generates from its rows' prompts (one `generate` call for all agents of a LoRA team in
         batched mode)."""
         prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
-        with self._decoding(mode):
+        with decoding(self, mode):
             completion_ids = self._generate_batched(prompts) if self._batched_generation() else [None] * len(prompts)
             rollouts = []
             for i in range(self.num_agents):
@@ -363,23 +392,14 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             )
             with self._agent_view(i), self._swap(**swapped):
                 outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
+            if self.args.advantage_baseline != "mean":  # TRL computed GRPO's; replace them with the baseline's
+                size, group = len(outputs[-1]["advantages"]), self.num_generations
+                if not self.model.training:
+                    group = self.num_generations_eval
+                rewards = weighted_sum(credited[i], weights)
+                advantages = baseline_advantages(rewards, group, self.args.advantage_baseline, self.scale_rewards)
+                outputs[-1]["advantages"] = advantages[self.accelerator.process_index * size :][:size]
         return outputs
-
-    @contextmanager
-    def _decoding(self, mode: str) -> Iterator[None]:
-        """Greedy decoding during evaluation when `eval_do_sample=False`; the training settings otherwise."""
-        if mode == "train" or self.args.eval_do_sample:
-            yield
-            return
-        configs = [view["generation_config"] for view in self._agent_views]
-        for view, config in zip(self._agent_views, configs):
-            view["generation_config"] = _greedy(config)
-        try:
-            with self._swap(generation_config=self._agent_views[0]["generation_config"]):
-                yield
-        finally:
-            for view, config in zip(self._agent_views, configs):
-                view["generation_config"] = config
 
     def _joint_rewards(self, inputs, agent_inputs, rollouts, num_generations, mode: str, prefix: str = ""):
         """Score the joint samples with every reward function. Returns the gathered `(rows, F)` rewards and the
@@ -401,40 +421,29 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             return [tuple(values[k] for values, k in zip(per_agent, t, strict=True)) for t in tuples]
 
         rows = [inputs[t[0]] for t in tuples]
+        if any(getattr(f, "wants_rows", False) for f in self.reward_funcs):  # CoMLRL's `batch_items=`
+            rows = [{**row, ROWS_COLUMN: row} for row in rows]
         completions = joint([r.completions for r in rollouts])
         rewards = self._calculate_rewards(
             rows, joint(prompts), completions, joint([r.completion_ids for r in rollouts])
         )
-        return rewards, self._flush_reward_logs(mode, prefix, len(tuples))
-
-    def _flush_reward_logs(self, mode: str, prefix: str, num_rows: int) -> dict[str, list]:
-        """What the reward functions recorded during the joint pass with TRL's `log_metric` and `log_extra`: the
-        metrics under the joint names (averaged across processes, as TRL does); the extra columns gathered, returned
-        for the completions table. TRL flushes these buffers in its own pass, which here runs per agent: left to it,
-        they would land under agent 0's names, and the columns in no table."""
-        device = self.accelerator.device
-        for name in sorted(set(gather_object(list(self._pending_metrics)))):  # same order on every process
-            values = self._pending_metrics.get(name, [])
-            stats = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=device)
-            total, count = self.accelerator.gather(stats).view(-1, 2).sum(dim=0).tolist()
-            self._metrics[mode][prefix + name].append(total / count)
-        extras = {
-            column: gather_object(self._pending_extra_logs.get(column, [None] * num_rows))
-            for column in sorted(set(gather_object(list(self._pending_extra_logs))))
-        }
-        self._pending_metrics.clear()
-        self._pending_extra_logs.clear()
-        return extras
+        self._agent_rewards = None
+        if self.num_agents > 1:
+            self._agent_rewards = pop_agent_rewards(self.reward_funcs, rewards, self.num_agents, self.accelerator)
+            if self._agent_rewards is not None and self.args.num_turns > 1:
+                raise NotImplementedError("Per-agent rewards are supported with `num_turns=1` only; return one each.")
+        if self._eval_recorder is not None and mode == "eval":
+            self._eval_recorder.record_turn(int(prefix[5:-1] or 0), inputs, agent_inputs, rollouts)
+        return rewards, flush_reward_logs(self, mode, prefix, len(tuples))
 
     def _process_rewards(self, rewards_per_func: torch.Tensor, mode: str, prefix: str = "") -> torch.Tensor:
         """The joint reward of each scored tuple (the weighted sum of the functions' rewards, then the reward
         processor), NaN where no function scored; logs it and each function's rewards under `prefix`."""
-        weights = self.reward_weights.to(rewards_per_func.device)
-        unscorable = torch.isnan(rewards_per_func).all(dim=1)
-        joint = (rewards_per_func * weights).nansum(dim=1)
-        joint[unscorable] = torch.nan
+        joint = weighted_sum(rewards_per_func, self.reward_weights)
         if self.reward_processor is not None:
             joint = apply_processor(self.reward_processor, joint)
+        if self._eval_recorder is not None and mode == "eval":
+            self._eval_recorder.record_rewards(joint)
         metrics = self._metrics[mode]
         metrics[f"{prefix}reward"].append(torch.nanmean(joint).item())
         metrics[f"{prefix}reward_std"].append(nanstd(joint).item())
@@ -471,6 +480,23 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         for column, values in extras.items():
             self._logs["extra"][column].extend(values)
         self._logs["advantages"].extend(advantages[0])
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, **kwargs):
+        self._eval_recorder = EvalRecorder(self.num_agents) if self.record_eval_trajectories else None
+        try:
+            output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, **kwargs)
+            if self._eval_recorder is not None:
+                prefix = kwargs.get("metric_key_prefix", "eval")
+                metrics = self.trajectory_metrics(self._eval_recorder.trajectories)
+                output.metrics.update({f"{prefix}_{key}": value for key, value in metrics.items()})
+        finally:
+            self._eval_recorder = None
+        return output
+
+    def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
+        """Metrics over every trajectory an evaluation played (with `record_eval_trajectories = True`), logged with
+        the `eval_` prefix. None by default; subclasses compute theirs (see `multiagent_trl.evaluation`)."""
+        return {}
 
     # ------------------------------------------------------------------ loss and optimization
 
@@ -512,12 +538,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return optimizer
 
     def _clip_grad_norm(self, model):
-        if self.num_agents == 1 or self.is_deepspeed_enabled or self.is_fsdp_enabled:
+        if self.num_agents == 1 or self.is_deepspeed_enabled:
             return super()._clip_grad_norm(model)  # the engine clips the whole model
         self.accelerator.unscale_gradients()
         norms = []
         for i in range(self.num_agents):
-            norm = torch.nn.utils.clip_grad_norm_(self.model.agent_parameters(i), self.args.max_grad_norm)
+            norm = sharding.clip_grad_norm_(self.model.agent_parameters(i), self.args.max_grad_norm)
             self._metrics["train"][f"agent_{i}/grad_norm"].append(norm.item())
             norms.append(norm)
         return torch.linalg.vector_norm(torch.stack(norms))  # the team's norm, logged as `grad_norm`
@@ -551,6 +577,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        if self.is_fsdp_enabled:  # the team's state as the engine saved it (all ranks load their shards)
+            return sharding.load_checkpoint(self.accelerator, self.model, resume_from_checkpoint)
         for i in range(self.num_agents):
             agent_dir = os.path.join(resume_from_checkpoint, f"agent_{i}")
             if not os.path.isdir(agent_dir):
@@ -618,10 +646,3 @@ def _loss_parts(inputs: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
             part = f"{agent}/{turn}"
         parts.setdefault(part, (int(agent.removeprefix("agent_")), {}))[1][rest] = value
     return list(parts.values())
-
-
-def _greedy(config: GenerationConfig) -> GenerationConfig:
-    greedy = copy.deepcopy(config)
-    greedy.do_sample = False
-    greedy.temperature = greedy.top_p = greedy.top_k = greedy.min_p = None
-    return greedy
