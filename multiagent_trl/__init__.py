@@ -3,6 +3,7 @@
 from .comlrl import MAGRPOConfig, MAGRPOTrainer
 from .config import MultiAgentGRPOConfig
 from .rewards import RewardProcessor, RewardProcessors
+from .sandbox import ExecutionResult, Sandbox
 from .team import AgentTeam
 from .trainer import MultiAgentGRPOTrainer
 
@@ -10,10 +11,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AgentTeam",
+    "ExecutionResult",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MultiAgentGRPOConfig",
     "MultiAgentGRPOTrainer",
     "RewardProcessor",
     "RewardProcessors",
+    "Sandbox",
 ]
