@@ -8,6 +8,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 from multiagent_trl.testing import tiny_model_path  # noqa: E402
@@ -18,6 +19,40 @@ PROMPTS = [
     "Write a bedtime story for a dragon:",
     "Tell a joke about dinosaurs:",
 ]
+G = 4  # num_generations in `small_args`
+
+
+# ---- joint reward functions shared by the tests
+
+
+def length_ratio(completions1, completions2):
+    """CoMLRL style: agent 1's completion length over agent 0's (plus one)."""
+    return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
+
+
+def id_reward(prompts, completions, completion_ids, **kwargs):
+    """TRL style, deterministic in the token ids, so a test can recompute it from the trainer's output."""
+    return [float(sum(a) % 13) - 0.5 * float(sum(b) % 7) for a, b in completion_ids]
+
+
+# ---- generation batches and advantages by hand
+
+
+def generation_batch(dataset, rows: int = 2):
+    """What TRL's RepeatSampler hands over: each of the first `rows` rows repeated G times."""
+    return [dataset[i] for i in range(rows) for _ in range(G)]
+
+
+def completion_ids_of(output, agent):
+    """Agent `agent`'s completion token ids (without padding) from `_generate_and_score_completions`' output."""
+    ids, mask = output[f"agent_{agent}/completion_ids"], output[f"agent_{agent}/completion_mask"]
+    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+
+
+def normalize(rewards):
+    """TRL's group normalization: (r - mean) / (std + 1e-4), unbiased std, per group of G."""
+    grouped = torch.tensor(rewards).view(-1, G)
+    return ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).flatten()
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +68,15 @@ def tiny_llama_path() -> str:
 @pytest.fixture
 def prompts_dataset() -> Dataset:
     return Dataset.from_dict({"prompt": PROMPTS * 2, "target": [3, 5, 7, 9] * 2})
+
+
+def lora_config(**overrides):
+    """A small LoRA config. init_lora_weights=False: random adapters, so that the agents differ from the base and
+    from each other at once."""
+    from peft import LoraConfig
+
+    settings = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    return LoraConfig(**{**settings, **overrides})
 
 
 def small_args(tmp_path, **overrides):

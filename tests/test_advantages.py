@@ -6,29 +6,7 @@ import torch
 
 from multiagent_trl import MultiAgentGRPOTrainer
 
-from .conftest import PROMPTS, small_args
-
-G = 4
-
-
-def generation_batch(dataset):
-    # What TRL's RepeatSampler hands over: each prompt row repeated num_generations times.
-    return [dataset[i] for i in range(2) for _ in range(G)]
-
-
-def id_reward(prompts, completions, completion_ids, **kwargs):
-    # Deterministic in the token ids, so the test can recompute it from the trainer's output.
-    return [float(sum(a) % 13) - 0.5 * float(sum(b) % 7) for a, b in completion_ids]
-
-
-def completion_ids_of(output, agent):
-    ids, mask = output[f"agent_{agent}/completion_ids"], output[f"agent_{agent}/completion_mask"]
-    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-
-
-def normalize(rewards):  # TRL's group normalization: (r - mean) / (std + 1e-4), unbiased std, per group of G
-    grouped = torch.tensor(rewards).view(-1, G)
-    return ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).flatten()
+from .conftest import PROMPTS, G, completion_ids_of, generation_batch, id_reward, normalize, small_args
 
 
 def test_aligned_advantages(tmp_path, tiny_path, prompts_dataset):

@@ -13,45 +13,56 @@ import torch
 from multiagent_trl import MultiAgentGRPOTrainer
 from multiagent_trl.checkpointing import publishes
 
-from .conftest import small_args
+from .conftest import length_ratio, lora_config, small_args
 
 TWO_NODES = Path(__file__).parent / "scripts" / "two_nodes.py"
 
 
-def ratio(completions1, completions2):
-    return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
-
-
-def make_trainer(tmp_path, tiny_path, dataset, output_dir):
+def make_trainer(tmp_path, tiny_path, dataset, output_dir, kind="full"):
     args = small_args(
         tmp_path, num_agents=2, max_steps=4, save_strategy="steps", save_steps=2, output_dir=str(output_dir)
     )
-    return MultiAgentGRPOTrainer(model=tiny_path, reward_funcs=ratio, args=args, train_dataset=dataset)
+    peft_config = lora_config() if kind == "lora" else None
+    return MultiAgentGRPOTrainer(
+        model=tiny_path, reward_funcs=length_ratio, args=args, train_dataset=dataset, peft_config=peft_config
+    )
 
 
-def test_resume_reaches_the_same_weights(tmp_path, tiny_path, prompts_dataset):
-    straight = make_trainer(tmp_path, tiny_path, prompts_dataset, tmp_path / "straight")
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_resume_restores_every_agent_and_its_optimizer_state(tmp_path, tiny_path, prompts_dataset, kind):
+    straight = make_trainer(tmp_path, tiny_path, prompts_dataset, tmp_path / "straight", kind)
     straight.train()
 
     checkpoint = tmp_path / "straight" / "checkpoint-2"
+    weights = "adapter_model.safetensors" if kind == "lora" else "model.safetensors"
     for i in range(2):
-        assert (checkpoint / f"agent_{i}" / "model.safetensors").exists()
+        assert (checkpoint / f"agent_{i}" / weights).exists()
         assert (checkpoint / f"agent_{i}" / "tokenizer.json").exists()
     assert (checkpoint / "optimizer.pt").exists() and (checkpoint / "scheduler.pt").exists()
 
-    resumed = make_trainer(tmp_path, tiny_path, prompts_dataset, tmp_path / "resumed")
+    resumed = make_trainer(tmp_path, tiny_path, prompts_dataset, tmp_path / "resumed", kind)
+    with (
+        torch.no_grad()
+    ):  # other weights from the start (same seed otherwise), so only the checkpoint makes them agree
+        for i in range(2):
+            for p in resumed.model.agent_parameters(i):
+                p.normal_()
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed.state.global_step == 4
-    for a, b in zip(straight.model.agents, resumed.model.agents):
-        for (name, p), q in zip(a.named_parameters(), b.parameters()):
-            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=name)
+    for i in range(2):
+        expected, trained = straight.model.agent_parameters(i), resumed.model.agent_parameters(i)
+        assert len(trained) == len(expected) > 0 and all(p.requires_grad for p in trained)
+        for p, q in zip(expected, trained):
+            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
 
 
 def test_saves_are_published_whole_with_the_best_checkpoint_and_rotation(tmp_path, tiny_path, prompts_dataset):
     args = small_args(
         tmp_path, num_agents=2, save_strategy="steps", save_steps=2, save_total_limit=1, save_only_model=True
     )
-    trainer = MultiAgentGRPOTrainer(model=tiny_path, reward_funcs=ratio, args=args, train_dataset=prompts_dataset)
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path, reward_funcs=length_ratio, args=args, train_dataset=prompts_dataset
+    )
     out = tmp_path / "out"
     (out / "tmp-checkpoint-9").mkdir(parents=True)  # what a process killed during a save leaves
 

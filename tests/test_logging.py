@@ -4,11 +4,7 @@ import wandb
 
 from multiagent_trl import MultiAgentGRPOTrainer
 
-from .conftest import small_args
-
-
-def ratio(completions1, completions2):
-    return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
+from .conftest import length_ratio, small_args
 
 
 def test_wandb_offline_run_has_per_agent_metrics(tmp_path, monkeypatch, tiny_path, prompts_dataset):
@@ -17,7 +13,7 @@ def test_wandb_offline_run_has_per_agent_metrics(tmp_path, monkeypatch, tiny_pat
     monkeypatch.setenv("WANDB_PROJECT", "multiagent-trl-tests")
     trainer = MultiAgentGRPOTrainer(
         model=tiny_path,
-        reward_funcs=ratio,
+        reward_funcs=length_ratio,
         args=small_args(tmp_path, num_agents=2, report_to="wandb", run_name="team-of-two"),
         train_dataset=prompts_dataset,
     )

@@ -5,15 +5,10 @@ import re
 import pytest
 import torch
 
-from multiagent_trl import MAGRPOConfig, MultiAgentGRPOTrainer
+from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, MultiAgentGRPOTrainer
 from multiagent_trl.turns import returns_to_go
 
-from .conftest import small_args
-from .test_advantages import G, completion_ids_of, generation_batch, normalize
-
-
-def id_reward(prompts, completions, completion_ids, **kwargs):
-    return [float(sum(a) % 13) - 0.5 * float(sum(b) % 7) for a, b in completion_ids]
+from .conftest import G, completion_ids_of, generation_batch, id_reward, normalize, small_args
 
 
 def feedback(row, histories, turn):
@@ -183,7 +178,7 @@ def test_comlrl_transition_and_config(tmp_path, tiny_path, prompts_dataset):
         report_to="none",
         save_strategy="no",
     )
-    trainer = MultiAgentGRPOTrainer(
+    trainer = MAGRPOTrainer(
         agents=[tiny_path, tiny_path],
         reward_func=lambda c1, c2: [float(len(a) > len(b)) for a, b in zip(c1, c2)],
         args=args,

@@ -7,11 +7,7 @@ from trl import GRPOTrainer
 
 from multiagent_trl import MultiAgentGRPOTrainer
 
-from .conftest import small_args
-
-
-def length_ratio(completions1, completions2):
-    return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
+from .conftest import length_ratio, small_args
 
 
 def snapshot(module):
@@ -68,6 +64,7 @@ def test_gradients_stay_within_each_agent(tmp_path, tiny_path, prompts_dataset):
             GRPOTrainer._compute_loss(trainer, team, agent_batch).backward()
         for name, p in team.agents[i].named_parameters():
             torch.testing.assert_close(p.grad, team_grads[i][name], msg=name)
+        assert all(g.abs().sum() > 0 for g in team_grads[i].values())  # all-zero gradients would match too
         assert all(p.grad is None for p in team.agents[1 - i].parameters())
 
 
