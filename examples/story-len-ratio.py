@@ -70,6 +70,8 @@ COMLRL_TWINS = {
     "per_device_train_batch_size": "rollout_buffer_size",
     "beta": "reference_kl_coef",
     "eval_steps": "eval_interval",
+    "eval_strategy": "eval_interval",
+    "per_device_eval_batch_size": "eval_interval",
 }
 
 TRAIN_PROMPTS = [
@@ -146,6 +148,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MAGRPOCo
     config_at = argv.index("--config")
     raw, _ = parser.parse_known_args(argv[:config_at] + argv[config_at + 2 :])
     flags, yaml_keys = flags_and_yaml_keys(argv)
+    # `beta` is TRL's name for CoMLRL's `reference_kl_enabled` + `reference_kl_coef`, which MAGRPOConfig reads.
+    kl_fields = {"reference_kl_enabled", "reference_kl_coef"}
+    if "beta" in flags | yaml_keys and not kl_fields & (flags | yaml_keys) and raw.beta != config.beta:
+        argv = [*argv, "--reference_kl_enabled", str(raw.beta > 0), "--reference_kl_coef", str(raw.beta)]
+        script_args, config, model_args = parser.parse_args_and_config(argv)
     for name, twin in COMLRL_TWINS.items():
         # A flag of the CoMLRL twin may override the GRPO name's YAML value; anything else that is lost is an error.
         given = name in flags or (name in yaml_keys and twin not in flags)
