@@ -1,6 +1,15 @@
 """multiagent_trl: train N cooperating language-model agents with GRPO on one joint reward (MAGRPO), on TRL."""
 
-from .comlrl import MAGRPOConfig, MAGRPOTrainer
+from .comlrl import (
+    MAGRPOConfig,
+    MAGRPOTrainer,
+    MAREINFORCEConfig,
+    MAREINFORCETrainer,
+    MAReMaxConfig,
+    MAReMaxTrainer,
+    MARLOOConfig,
+    MARLOOTrainer,
+)
 from .config import MultiAgentGRPOConfig
 from .rewards import RewardProcessor, RewardProcessors
 from .sandbox import ExecutionResult, Sandbox
@@ -14,6 +23,12 @@ __all__ = [
     "ExecutionResult",
     "MAGRPOConfig",
     "MAGRPOTrainer",
+    "MAREINFORCEConfig",
+    "MAREINFORCETrainer",
+    "MAReMaxConfig",
+    "MAReMaxTrainer",
+    "MARLOOConfig",
+    "MARLOOTrainer",
     "MultiAgentGRPOConfig",
     "MultiAgentGRPOTrainer",
     "RewardProcessor",

@@ -1,5 +1,5 @@
-"""CoMLRL compatibility: its `MAGRPOConfig` and `MAGRPOTrainer` names, arguments and defaults, translated onto
-[`MultiAgentGRPOConfig`] and [`MultiAgentGRPOTrainer`].
+"""CoMLRL compatibility: its reinforce family (`MAGRPO`, `MAREINFORCE`, `MAReMax`, `MARLOO`) with CoMLRL 1.4.3's
+names, arguments, defaults and checks, translated onto [`MultiAgentGRPOConfig`] and [`MultiAgentGRPOTrainer`].
 
 A script written for the reference library CoMLRL runs with only its import lines changed:
 
@@ -9,71 +9,111 @@ A script written for the reference library CoMLRL runs with only its import line
 +from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, RewardProcessors
 ```
 
-Everything CoMLRL-specific lives here; the core (`config.py`, `trainer.py`) speaks TRL's names only.
+Everything CoMLRL-specific lives here; the core (`config.py`, `trainer.py`) speaks TRL's names only. Where CoMLRL
+needs something GRPO lacks, the core has it under a general name and this module maps onto it: `advantage_mode` ->
+`advantage_baseline` (`advantages.py`), `parallel_training="mp"` + `agent_devices` -> `agent_devices`
+(`placement.py`), `eval_logger`/`eval_aggregator` -> `trajectory_metrics` (`evaluation.py`), per-agent rewards and
+CoMLRL's reward calling conventions (`rewards.py`). The README's "For CoMLRL users" table lists every name.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+import torch
+from peft import PeftConfig
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_utils import SaveStrategy
+from trl.trainer.utils import RepeatSampler
 
 from .config import MultiAgentGRPOConfig
+from .evaluation import EvalTrajectories, turn_metrics
+from .loading import load_agents, load_processing_classes
 from .trainer import MultiAgentGRPOTrainer
+
+# CoMLRL's advantage_mode -> the core's advantage_baseline.
+ADVANTAGE_MODES = {"mean": "mean", "raw": "none", "max": "max", "rloo": "leave_one_out"}
+PARALLEL_TRAINING = ("none", "mp")
+MODEL_CONFIG_KEYS = ("torch_dtype", "dtype", "attn_implementation", "model_kwargs", "special_tokens", "name")
+WANDB_CONFIG_KEYS = ("project", "entity", "name", "run_name", "dir", "tags", "config_sections", "id", "resume")
 
 
 @dataclass
 class MAGRPOConfig(MultiAgentGRPOConfig):
     r"""
-    [`MultiAgentGRPOConfig`] that also accepts the field names of the reference library CoMLRL's `MAGRPOConfig`, so
-    that a CoMLRL script runs with only its import lines changed. Each CoMLRL field maps onto a GRPO field; the GRPO
-    names work too. Where a CoMLRL field is set it wins over its GRPO twin.
+    [`MultiAgentGRPOConfig`] that accepts every field of the reference library CoMLRL 1.4.3's `MAGRPOConfig`, with
+    its defaults and its checks, so that a CoMLRL script runs with only its import lines changed. Each CoMLRL field
+    maps onto a GRPO or team field; the GRPO names work too. Where a CoMLRL field is set it wins over its GRPO twin.
 
     Parameters:
         agent_learning_rate (`float` or `None`, *optional*, defaults to `5e-6`):
             Learning rate of every agent; maps to `learning_rate`.
         max_new_tokens (`int` or `None`, *optional*, defaults to `256`):
             Maximum completion length; maps to `max_completion_length`.
-        num_turns (`int`, *optional*, defaults to `1`):
-            Turns per episode, as in [`MultiAgentGRPOConfig`] (CoMLRL defaults to 2; a one-turn default keeps a
-            script without `external_transition` runnable). `discount` and `external_prompt_passthrough` are the same
-            fields as there.
+        num_turns (`int`, *optional*, defaults to `2`):
+            Turns per episode (CoMLRL's default: a script that trains one turn says `num_turns=1`); more than one
+            needs the trainer's `external_transition`. `discount`, `joint_mode` and `external_prompt_passthrough` are
+            the same fields as in [`MultiAgentGRPOConfig`].
         early_termination_threshold (`float` or `None`, *optional*, defaults to `-0.2`):
-            CoMLRL's default: a trajectory ends after a turn whose joint reward exceeds it (for rewards that are
-            never negative, after the first turn). Set `None` to run every turn.
-        advantage_normalization (`bool`, *optional*, defaults to `True`):
-            Divide group-centered rewards by their group standard deviation; maps to `scale_rewards="group"`
-            (`True`) or `"none"` (`False`).
+            A trajectory ends after a turn whose joint reward exceeds it. `None` runs every turn.
         advantage_mode (`str`, *optional*, defaults to `"mean"`):
-            Baseline of the advantage. Only `"mean"` (the GRPO group mean) is supported; `"raw"`, `"max"` and
-            `"rloo"` raise `NotImplementedError`.
+            Baseline of the advantage within a group, CoMLRL's names of `advantage_baseline`: `"mean"` (group mean,
+            GRPO), `"raw"` (no baseline), `"max"` (group max), `"rloo"` (leave-one-out mean).
+        advantage_normalization (`bool`, *optional*, defaults to `True`):
+            Center the baselined advantages and divide them by their group standard deviation; maps to
+            `scale_rewards="group"` (`True`) or `"none"` (`False`). As in CoMLRL, with normalization every
+            `advantage_mode` gives the same (GRPO) advantages.
         rollout_buffer_size (`int`, *optional*, defaults to `2`):
-            Prompts per optimizer step (CoMLRL updates after this many prompt groups). Maps to
-            `per_device_train_batch_size = rollout_buffer_size * num_generations` (completions per device and step).
-            CoMLRL's `train_batch_size` is not accepted: the name is a read-only property of `TrainingArguments`.
-        eval_interval (`int`, *optional*, defaults to `0`):
-            Evaluate every this many steps (maps to `eval_strategy="steps"`, `eval_steps`); `0` disables
-            evaluation. (CoMLRL defaults to 16, which needs an `eval_dataset`.)
+            Prompts per generation batch (CoMLRL updates once this many prompt groups are buffered).
+        train_batch_size (`int` or `None`, *optional*, defaults to `None`):
+            Prompts per optimizer step within a buffer; `None` is `rollout_buffer_size` (one step per buffer).
+            Maps to `per_device_train_batch_size = train_batch_size * num_generations` and `steps_per_generation =
+            rollout_buffer_size / train_batch_size`. The name is also a read-only `TrainingArguments` property (the
+            batch size Trainer loads); reading `config.train_batch_size` keeps giving Trainer's value, and CoMLRL's
+            is `config.comlrl_train_batch_size`.
+        eval_interval (`int`, *optional*, defaults to `16`):
+            Evaluate every this many optimizer steps, and before training (maps to `eval_strategy="steps"`,
+            `eval_steps`, `eval_on_start`); `0` disables evaluation, and so does a trainer without `eval_dataset`.
+        eval_num_samples (`int`, *optional*, defaults to `4`):
+            Rows of `eval_dataset` evaluated each time (the first ones), one trajectory per row through all turns.
+        eval_batch_size (`int`, *optional*, defaults to `1`):
+            Rows per evaluation batch; maps to `per_device_eval_batch_size` (with `num_generations_eval=1`). Like
+            `train_batch_size`, reading it gives Trainer's property; CoMLRL's value is `config.comlrl_eval_batch_size`.
         reference_kl_enabled (`bool`, *optional*, defaults to `False`) and `reference_kl_coef` (`float`, defaults to
         `0.1`):
             KL penalty to each agent's initial weights; map to `beta = reference_kl_coef` when enabled, else 0.
+        parallel_training (`str`, *optional*, defaults to `"none"`):
+            `"none"`: Accelerate's placement (every agent on the process's device; data parallel across processes).
+            `"mp"`: one process, each agent on its own device from `agent_devices` (required).
+        agent_devices (`str`, `list[str]` or `None`, *optional*, defaults to `None`):
+            With `"mp"`: one device per agent, one device for all, or `"auto"` (the visible GPUs in order, or the
+            CPU). With `"none"` it may only name the device Accelerate uses anyway.
+        reference_devices (`str`, `list[str]` or `None`, *optional*, defaults to `None`):
+            With `reference_kl_enabled` and `"mp"`: the devices of the agents' reference models (default: the
+            agents' own).
 
     CoMLRL's defaults are kept where the field means the same here: `num_agents=2`, `num_generations=4`,
-    `temperature=0.6`, `top_p=0.6`, `top_k=50`, `num_train_epochs=20`, `logging_steps=50`. `output_dir` defaults to
-    `"magrpo_output"`.
+    `temperature=0.6`, `top_p=0.6`, `top_k=50` (`None`: no top-k filtering), `num_train_epochs=20`,
+    `logging_steps=50`. `output_dir` defaults to `"magrpo_output"`, and `save_strategy` to `"no"`: as in CoMLRL,
+    checkpoints are written when `train(checkpoint_interval=..., checkpoint_dir=...)` asks for them.
     """
 
     output_dir: str | None = field(default="magrpo_output", metadata={"help": "Where checkpoints and logs go."})
+    save_strategy: str = field(default="no", metadata={"help": "Checkpoints (CoMLRL: asked for in train())."})
     num_agents: int | None = field(default=2, metadata={"help": "Number of agents."})
     num_train_epochs: float = field(default=20, metadata={"help": "Number of training epochs."})
     logging_steps: float = field(default=50, metadata={"help": "Log every this many steps."})
     num_generations: int | None = field(default=4, metadata={"help": "Completions per agent per prompt (G)."})
     temperature: float = field(default=0.6, metadata={"help": "Sampling temperature."})
     top_p: float = field(default=0.6, metadata={"help": "Nucleus sampling probability."})
-    top_k: int = field(default=50, metadata={"help": "Top-k sampling; 0 disables it."})
+    top_k: int | None = field(default=50, metadata={"help": "Top-k sampling; None or 0 disables it."})
+    num_turns: int = field(default=2, metadata={"help": "Turns per episode (CoMLRL's default, 2)."})
 
     agent_learning_rate: float | None = field(
         default=5e-6, metadata={"help": "Learning rate of every agent (CoMLRL name of `learning_rate`)."}
@@ -87,82 +127,425 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
     advantage_normalization: bool = field(
         default=True, metadata={"help": "Scale advantages by the group std (maps to scale_rewards)."}
     )
-    advantage_mode: str = field(default="mean", metadata={"help": "Advantage baseline; only 'mean' is supported."})
-    rollout_buffer_size: int = field(default=2, metadata={"help": "Prompts per optimizer step."})
-    eval_interval: int = field(default=0, metadata={"help": "Evaluate every this many steps; 0 disables."})
+    advantage_mode: str = field(
+        default="mean",
+        metadata={"help": "Advantage baseline: mean, raw, max or rloo.", "choices": list(ADVANTAGE_MODES)},
+    )
+    rollout_buffer_size: int = field(default=2, metadata={"help": "Prompts per generation batch."})
+    train_batch_size: int | None = field(
+        default=None, metadata={"help": "Prompts per optimizer step within a buffer; None: rollout_buffer_size."}
+    )
+    eval_interval: int = field(default=16, metadata={"help": "Evaluate every this many steps; 0 disables."})
+    eval_num_samples: int = field(default=4, metadata={"help": "Rows evaluated each time (one trajectory each)."})
+    eval_batch_size: int = field(default=1, metadata={"help": "Rows per evaluation batch."})
     reference_kl_enabled: bool = field(default=False, metadata={"help": "Penalize KL to the initial weights."})
     reference_kl_coef: float = field(default=0.1, metadata={"help": "KL coefficient when reference_kl_enabled."})
+    parallel_training: str = field(
+        default="none",
+        metadata={"help": "'none' (Accelerate's placement) or 'mp' (each agent on its own device, one process)."},
+    )
+    agent_devices: Any = field(
+        default=None, metadata={"help": "With parallel_training='mp': one device per agent, one for all, or 'auto'."}
+    )
+    reference_devices: Any = field(
+        default=None, metadata={"help": "With reference_kl_enabled and 'mp': devices of the reference models."}
+    )
 
     def __post_init__(self):
-        if self.advantage_mode != "mean":
-            raise NotImplementedError(
-                f"`advantage_mode={self.advantage_mode!r}` is not supported; only 'mean' (the GRPO group baseline) "
-                "is. Remove it or set `advantage_mode='mean'`."
-            )
+        self._check_comlrl_fields()
         if self.agent_learning_rate is not None:
             self.learning_rate = self.agent_learning_rate
         if self.max_new_tokens is not None:
             self.max_completion_length = self.max_new_tokens
+        if self.top_k is None:
+            self.top_k = 0  # TRL's "no top-k filtering"
+        self.advantage_baseline = ADVANTAGE_MODES[self.advantage_mode]
         self.scale_rewards = "group" if self.advantage_normalization else "none"
-        if self.rollout_buffer_size < 1:
-            raise ValueError(f"`rollout_buffer_size` must be at least 1, got {self.rollout_buffer_size}.")
-        self.per_device_train_batch_size = self.rollout_buffer_size * self.num_generations
+        # CoMLRL buffers rollout_buffer_size prompt groups, then takes optimizer steps of train_batch_size groups.
+        per_step = min(self.comlrl_train_batch_size or self.rollout_buffer_size, self.rollout_buffer_size)
+        if self.rollout_buffer_size % per_step != 0:
+            raise ValueError(
+                f"`rollout_buffer_size={self.rollout_buffer_size}` must be a multiple of `train_batch_size="
+                f"{per_step}`: each buffer is split into equal optimizer steps here (TRL's steps_per_generation)."
+            )
+        self.per_device_train_batch_size = per_step * self.num_generations
+        self.steps_per_generation = self.rollout_buffer_size // per_step
+        self.generation_batch_size = None  # TRL derives it from the two above
         if self.eval_interval > 0:
-            self.eval_strategy = "steps"
-            self.eval_steps = self.eval_interval
-            self.per_device_eval_batch_size = self.num_generations
-        if self.reference_kl_enabled:
-            self.beta = self.reference_kl_coef
+            self.eval_strategy, self.eval_steps, self.eval_on_start = "steps", self.eval_interval, True
+        self.per_device_eval_batch_size = self.comlrl_eval_batch_size
+        self.num_generations_eval = 1  # one trajectory per evaluated row, as CoMLRL evaluates
+        self.beta = self.reference_kl_coef if self.reference_kl_enabled else 0.0
+        # Devices: "mp" is the core's per-agent placement (which checks them); "none" is Accelerate's, which CoMLRL's
+        # devices may only confirm.
+        specs = {"agent_devices": self.agent_devices, "reference_devices": self.reference_devices}
+        if self.parallel_training == "mp":
+            self.agent_devices = _device_list(self.agent_devices, self.num_agents, "agent_devices")
+            if self.reference_kl_enabled and self.reference_devices is not None:
+                self.reference_devices = _device_list(self.reference_devices, self.num_agents, "reference_devices")
+            else:
+                self.reference_devices = None
+        else:
+            self.agent_devices = self.reference_devices = None
         super().__post_init__()
+        if self.parallel_training == "none":
+            for name, spec in specs.items():
+                _check_accelerate_device(name, spec, self.device)
+
+    def _check_comlrl_fields(self) -> None:
+        """CoMLRL 1.4.3's own checks, with its limits, raised before anything is mapped."""
+        for name, minimum in (
+            ("num_train_epochs", 1),
+            ("num_agents", 1),
+            ("num_generations", 2),
+            ("rollout_buffer_size", 1),
+            ("eval_interval", 0),
+            ("eval_num_samples", 0),
+            ("comlrl_eval_batch_size", 1),
+            ("num_turns", 1),
+            ("logging_steps", 1),
+        ):
+            value = getattr(self, name)
+            if value is not None and value < minimum:
+                shown = name.removeprefix("comlrl_")
+                raise ValueError(f"`{shown}` must be at least {minimum}, got {value}.")
+        if self.comlrl_train_batch_size is not None and self.comlrl_train_batch_size < 1:
+            raise ValueError(f"`train_batch_size` must be at least 1 (or None), got {self.comlrl_train_batch_size}.")
+        mode = str(self.advantage_mode).strip().lower()
+        if mode not in ADVANTAGE_MODES:
+            raise ValueError(f"`advantage_mode` must be one of {list(ADVANTAGE_MODES)}, got {self.advantage_mode!r}.")
+        self.advantage_mode = mode
+        parallel = str(self.parallel_training or "none").strip().lower()
+        parallel = "none" if parallel == "null" else parallel
+        if parallel not in PARALLEL_TRAINING:
+            raise ValueError(f"`parallel_training` must be 'none' or 'mp', got {self.parallel_training!r}.")
+        if parallel == "mp" and self.agent_devices is None:
+            raise ValueError("`parallel_training='mp'` needs `agent_devices`: one device per agent (or 'auto').")
+        self.parallel_training = parallel
+        if self.reference_kl_coef < 0:
+            raise ValueError(f"`reference_kl_coef` must be >= 0, got {self.reference_kl_coef}.")
+        if self.reference_kl_enabled and self.reference_devices is not None:
+            _device_list(self.reference_devices, self.num_agents, "reference_devices")
+        if self.reference_devices is not None and parallel != "mp" and self.reference_kl_enabled is False:
+            raise ValueError("`reference_devices` places reference models: it needs `reference_kl_enabled=True`.")
+
+
+# CoMLRL's `train_batch_size` and `eval_batch_size` are dataclass fields here, but `TrainingArguments` reads the same
+# names as properties (the batch sizes Trainer loads). The properties keep Trainer's meaning when read; assigning
+# them (the dataclass `__init__` does) stores CoMLRL's value under `comlrl_<name>`.
+def _comlrl_batch_size(name: str) -> property:
+    trainer_property = getattr(TrainingArguments, name)
+
+    def setter(self, value):
+        self.__dict__[f"comlrl_{name}"] = value
+
+    return property(trainer_property.fget, setter, doc=f"Trainer's {name}; CoMLRL's is `comlrl_{name}`.")
+
+
+MAGRPOConfig.train_batch_size = _comlrl_batch_size("train_batch_size")
+MAGRPOConfig.eval_batch_size = _comlrl_batch_size("eval_batch_size")
+
+
+def _device_list(spec, num_agents: int, name: str) -> list[str]:
+    """CoMLRL's device specification (one device, a list of one or `num_agents`, or `"auto"`) as one per agent."""
+    if spec is None or (isinstance(spec, str) and spec.lower() == "auto"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            return ["cpu"] * num_agents
+        return [f"cuda:{i}" for i in range(num_agents)] if count >= num_agents else ["cuda:0"] * num_agents
+    if isinstance(spec, str):
+        return [spec] * num_agents
+    if isinstance(spec, Sequence) and len(spec) in (1, num_agents):
+        return [str(s) for s in spec] * (num_agents if len(spec) == 1 else 1)
+    raise ValueError(f"`{name}` must be one device, 'auto', or a list of 1 or {num_agents} devices; got {spec!r}.")
+
+
+def _check_accelerate_device(name: str, spec, device: torch.device) -> None:
+    if spec is None or (isinstance(spec, str) and spec.lower() == "auto"):
+        return
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    if any(torch.device(s) != device for s in specs):
+        raise ValueError(
+            f"`{name}={spec!r}` with `parallel_training='none'`: here Accelerate places every agent on the process's "
+            f"device ({device}). Set `parallel_training='mp'` to put each agent on its own device, or choose the "
+            "device with CUDA_VISIBLE_DEVICES / `accelerate launch`."
+        )
+
+
+class _CheckpointEveryEpochs(TrainerCallback):
+    """CoMLRL's `train(checkpoint_interval=k)`: a checkpoint after every k-th epoch and after the last one."""
+
+    def __init__(self, interval: int):
+        self.interval = interval
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        epoch = round(state.epoch or 0)
+        if epoch % self.interval == 0 or state.global_step >= state.max_steps:
+            control.should_save = True
+        return control
+
+
+class _WandbSections(TrainerCallback):
+    """Record CoMLRL's `wandb_config["config_sections"]` (and the CoMLRL run summary) in the wandb run's config."""
+
+    def __init__(self, sections: dict[str, Any]):
+        self.sections = sections
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import wandb  # only with report_to="wandb", which installs it
+
+        if wandb.run is not None and state.is_world_process_zero:
+            wandb.run.config.update(self.sections, allow_val_change=True)
 
 
 class MAGRPOTrainer(MultiAgentGRPOTrainer):
-    """[`MultiAgentGRPOTrainer`] with CoMLRL's argument names: `agents`, `reward_func`, `tokenizer`, `wandb_config`.
+    """[`MultiAgentGRPOTrainer`] with every argument of CoMLRL 1.4.3's `MAGRPOTrainer`, in its order.
 
-    Each CoMLRL name maps onto its TRL twin (`agents` -> `model`, `reward_func` -> `reward_funcs`, `tokenizer` ->
-    `processing_class`); passing both names of one argument is an error. The TRL names work too, so a
-    `MAGRPOTrainer` takes every `MultiAgentGRPOTrainer` argument.
+    Each CoMLRL argument maps onto the core (the README's table lists them): `agent_model` + `num_agents` or
+    `agents` -> `model`, `tokenizer` -> `processing_class`, `reward_func` -> `reward_funcs`, `model_config` -> how
+    agents given by name are loaded, `wandb_config` -> `report_to="wandb"` and its settings, `eval_logger` +
+    `eval_aggregator` -> `trajectory_metrics`. The TRL names (`model=`, `reward_funcs=`, `processing_class=`,
+    `peft_config=`, `callbacks=`, ...) work too; passing both names of one argument is an error.
 
     Args:
+        agent_model (`str`, *optional*):
+            A model id or path: `num_agents` homogeneous agents, each its own copy.
         agents (list, *optional*):
-            The agents' models or ids (CoMLRL name of `model`).
-        reward_func (callable, *optional*):
-            The joint reward function (CoMLRL name of `reward_funcs`).
+            The agents' models or ids, one per agent.
+        num_agents (`int`, *optional*, defaults to `2`):
+            With `agent_model`: how many agents (with `agents`, their number).
         tokenizer (*optional*):
-            One tokenizer for all agents, or one per agent (CoMLRL name of `processing_class`).
+            One tokenizer for all agents, or one per agent; loaded from each agent's model when `None`.
+        model_config (`dict`, *optional*):
+            `torch_dtype` (or `dtype`, including `"auto"`) and `attn_implementation` (default `"sdpa"`) for the
+            agents loaded by name, `model_kwargs` (more `from_pretrained` arguments), `special_tokens` (added to
+            each tokenizer; each agent's embeddings are resized to match), `name` (informational).
+        train_dataset, eval_dataset, reward_func, reward_processor, formatters, external_transition:
+            As in CoMLRL: see [`MultiAgentGRPOTrainer`] (`reward_func` is its `reward_funcs`).
         wandb_config (`dict`, *optional*):
-            CoMLRL-style wandb settings (`project`, `entity`, `name`, `dir`, `tags`); turns on `report_to="wandb"`.
+            `project`, `entity`, `name` (or `run_name`), `dir`, `tags`, `id`, `resume`, and `config_sections`
+            (recorded in the run's config; `config_sections.output.verbose` sets `verbose`). Turns on
+            `report_to="wandb"`.
+        eval_logger, eval_aggregator (callables, *optional*):
+            Called after every evaluation: `eval_logger(agent_completions_turns=..., batch_items=..., prompts=...)`
+            returns one metrics dict per evaluated row, and `eval_aggregator(metrics, num_turns=...)` the metrics to
+            log (under `eval_`). Both or neither.
+        args ([`MAGRPOConfig`], *optional*):
+            Configuration; `None` uses the class's default config (`MAGRPOConfig()`, `MAREINFORCEConfig()`, ...).
         **kwargs:
-            Every [`MultiAgentGRPOTrainer`] argument (`args`, `train_dataset`, `formatters`, `reward_processor`,
-            `external_transition`, ...).
+            Every other [`MultiAgentGRPOTrainer`] argument.
     """
+
+    default_config_cls: type[MAGRPOConfig] = MAGRPOConfig
+    algorithm_name = "MAGRPO"
+    record_eval_trajectories = True
 
     def __init__(
         self,
-        model: str | PreTrainedModel | Sequence[str | PreTrainedModel] | None = None,
-        reward_funcs: Callable | Sequence[Callable] | None = None,
-        args: MultiAgentGRPOConfig | None = None,
-        *,
+        agent_model: str | None = None,
         agents: Sequence[str | PreTrainedModel] | None = None,
-        reward_func: Callable | None = None,
+        num_agents: int = 2,
         tokenizer: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
+        model_config: dict[str, Any] | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        reward_func: Callable | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        formatters: Callable | Sequence[Callable] | None = None,
+        external_transition: Callable | None = None,
         wandb_config: dict[str, Any] | None = None,
+        eval_logger: Callable | None = None,
+        eval_aggregator: Callable | None = None,
+        args: MAGRPOConfig | None = None,
         **kwargs,
     ):
-        model = _one_of("model", model, "agents", agents)
-        reward_funcs = _one_of("reward_funcs", reward_funcs, "reward_func", reward_func)
-        kwargs["processing_class"] = _one_of(
-            "processing_class", kwargs.get("processing_class"), "tokenizer", tokenizer
-        )
+        args = args if args is not None else self.default_config_cls()
+        model = _one_of("model", kwargs.pop("model", None), "agents", agents)
+        model = _agent_sources(agent_model, model, num_agents)
+        reward_funcs = _one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", reward_func)
+        processing_class = _one_of("processing_class", kwargs.pop("processing_class", None), "tokenizer", tokenizer)
         if model is None:
-            raise ValueError("Pass the agents: `agents=[...]` (CoMLRL name) or `model=` (an id, a path, or a list).")
+            raise ValueError("Pass the agents: `agent_model=` (with `num_agents=`) or `agents=[...]` (CoMLRL names).")
         if reward_funcs is None:
             raise ValueError("Pass a joint reward function: `reward_func=` (CoMLRL name) or `reward_funcs=`.")
-        if args is None:
-            args = MAGRPOConfig()
-        if wandb_config:
-            _apply_wandb_config(args, wandb_config)
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
+        if (eval_logger is None) != (eval_aggregator is None):
+            raise ValueError("`eval_logger` and `eval_aggregator` work together (CoMLRL calls both): pass both.")
+        if isinstance(model, list) or (isinstance(model, str) and kwargs.get("peft_config") is None):
+            args.num_agents = len(model) if isinstance(model, list) else num_agents
+        elif isinstance(model, str):
+            args.num_agents = num_agents  # one base, one adapter per agent
+        if eval_dataset is None:
+            args.eval_strategy, args.eval_on_start = "no", False  # CoMLRL skips evaluation without a dataset
+        model, processing_class = _apply_model_config(model, processing_class, model_config, args, kwargs)
+        self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
+        self.wandb_config = wandb_config
+        if wandb_config is not None:
+            callback = _apply_wandb_config(args, wandb_config)
+            if callback is not None:
+                kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), callback]
+        super().__init__(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            reward_processor=reward_processor,
+            formatters=formatters,
+            external_transition=external_transition,
+            **kwargs,
+        )
+        self.model_name = model if isinstance(model, str) else getattr(self.model.config, "_name_or_path", None)
+        sections = (wandb_config or {}).get("config_sections") or {}
+        output = sections.get("output") if isinstance(sections, dict) else None
+        if isinstance(output, dict) and "verbose" in output:
+            self.verbose = bool(output["verbose"])
+
+    # ------------------------------------------------------------------ what CoMLRL scripts do after construction
+
+    @property
+    def verbose(self) -> bool:
+        """Progress bars (`True`) or plain log lines (`False`); CoMLRL's `trainer.verbose`."""
+        return not self.args.disable_tqdm
+
+    @verbose.setter
+    def verbose(self, value: bool) -> None:
+        self.args.disable_tqdm = not value
+        old, new = (PrinterCallback, ProgressCallback) if value else (ProgressCallback, PrinterCallback)
+        self.remove_callback(old)
+        if not any(isinstance(cb, new) for cb in self.callback_handler.callbacks):
+            self.add_callback(new)
+
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int = 1,
+        checkpoint_total_limit: int | None = None,
+        **kwargs,
+    ):
+        """Train, with CoMLRL's checkpoint arguments mapped onto Trainer's checkpoints.
+
+        Args:
+            resume_from_checkpoint: A `checkpoint-N` folder written by this trainer, or `True` for the latest one in
+                `checkpoint_dir` (or `args.output_dir`). The run continues to `num_train_epochs` in total.
+            checkpoint_dir: Where checkpoints go (`checkpoint_dir/checkpoint-N/`); sets `args.output_dir`.
+            checkpoint_interval: A checkpoint after every this many epochs (and after the last epoch).
+            checkpoint_total_limit: Keep at most this many checkpoints (Trainer's `save_total_limit`).
+            **kwargs: [`~transformers.Trainer.train`]'s own (`trial`, `ignore_keys_for_eval`).
+        """
+        if (
+            isinstance(checkpoint_interval, bool)
+            or not isinstance(checkpoint_interval, numbers.Integral)
+            or checkpoint_interval < 1
+        ):
+            raise ValueError(f"`checkpoint_interval` must be a positive integer (epochs); got {checkpoint_interval!r}")
+        if checkpoint_total_limit is not None and (
+            isinstance(checkpoint_total_limit, bool)
+            or not isinstance(checkpoint_total_limit, numbers.Integral)
+            or checkpoint_total_limit < 1
+        ):
+            raise ValueError(
+                f"`checkpoint_total_limit` must be a positive integer or None, got {checkpoint_total_limit!r}."
+            )
+        unknown = set(kwargs) - {"trial", "ignore_keys_for_eval"}
+        if unknown:
+            raise TypeError(
+                f"train() got {sorted(unknown)}: CoMLRL passed these to generation; here generation settings are "
+                "config fields (`temperature`, `top_p`, `top_k`, `generation_kwargs={...}`)."
+            )
+        if checkpoint_dir is not None or checkpoint_interval != 1 or checkpoint_total_limit is not None:
+            if checkpoint_dir is not None:
+                self.args.output_dir = checkpoint_dir
+            self.args.save_strategy = SaveStrategy.NO  # the callback decides, per epoch
+            self.args.save_total_limit = checkpoint_total_limit
+            self.callback_handler.callbacks = [
+                cb for cb in self.callback_handler.callbacks if not isinstance(cb, _CheckpointEveryEpochs)
+            ]
+            self.add_callback(_CheckpointEveryEpochs(checkpoint_interval))
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def evaluate(self, num_eval_samples: int | None = None, eval_dataset=None, ignore_keys=None, **kwargs):
+        """Evaluate `num_eval_samples` rows (default `args.eval_num_samples`; the first rows of the evaluation
+        dataset), one trajectory each through all turns, as CoMLRL does. Returns the metrics, keyed `eval_...`:
+        TRL's, `eval_turn_k/reward_mean`, `eval_turn_k/expected_return` and what `eval_aggregator` returned; `{}`
+        without an evaluation dataset."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            return {}
+        count = self.args.eval_num_samples if num_eval_samples is None else int(num_eval_samples)
+        if hasattr(dataset, "select"):  # CoMLRL evaluates at least one row
+            dataset = dataset.select(range(min(max(count, 1), len(dataset))))
+        return super().evaluate(eval_dataset=dataset, ignore_keys=ignore_keys, **kwargs)
+
+    def _get_eval_sampler(self, eval_dataset):
+        # CoMLRL evaluates the rows in dataset order (its logger's lists follow it); TRL's sampler shuffles them.
+        return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, shuffle=False)
+
+    def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
+        """CoMLRL's evaluation metrics: per turn the mean reward and the expected return, plus `eval_aggregator`'s
+        aggregate of `eval_logger`'s per-row metrics."""
+        metrics = turn_metrics(trajectories, self.args.num_turns)
+        if self.eval_logger is not None and len(trajectories):
+            per_row = self.eval_logger(
+                agent_completions_turns=trajectories.completions,
+                batch_items=trajectories.rows,
+                prompts=[row.get("prompt", "") for row in trajectories.rows],
+            )
+            aggregated = self.eval_aggregator(per_row, num_turns=self.args.num_turns)
+            for key, value in aggregated.items():
+                if isinstance(value, torch.Tensor):
+                    value = value.item()
+                if isinstance(value, numbers.Real) and math.isfinite(float(value)):
+                    metrics[key] = float(value)
+                else:
+                    raise TypeError(f"`eval_aggregator` returned {key}={value!r}; metrics must be finite numbers.")
+        return metrics
+
+
+@dataclass
+class MAREINFORCEConfig(MAGRPOConfig):
+    """[`MAGRPOConfig`] for MAREINFORCE: no baseline (`advantage_mode="raw"`), CoMLRL's default."""
+
+    advantage_mode: str = field(default="raw", metadata={"help": "Advantage baseline (MAREINFORCE: raw)."})
+
+
+class MAREINFORCETrainer(MAGRPOTrainer):
+    """Multi-agent REINFORCE: [`MAGRPOTrainer`] whose default config has no baseline (`advantage_mode="raw"`)."""
+
+    default_config_cls = MAREINFORCEConfig
+    algorithm_name = "MAREINFORCE"
+
+
+@dataclass
+class MAReMaxConfig(MAGRPOConfig):
+    """[`MAGRPOConfig`] for MAReMax: the group's best return as baseline (`advantage_mode="max"`)."""
+
+    advantage_mode: str = field(default="max", metadata={"help": "Advantage baseline (MAReMax: max)."})
+
+
+class MAReMaxTrainer(MAGRPOTrainer):
+    """Multi-agent ReMax: [`MAGRPOTrainer`] whose default config uses the group max as baseline."""
+
+    default_config_cls = MAReMaxConfig
+    algorithm_name = "MAReMax"
+
+
+@dataclass
+class MARLOOConfig(MAGRPOConfig):
+    """[`MAGRPOConfig`] for MARLOO: the leave-one-out mean as baseline (`advantage_mode="rloo"`)."""
+
+    advantage_mode: str = field(default="rloo", metadata={"help": "Advantage baseline (MARLOO: rloo)."})
+
+
+class MARLOOTrainer(MAGRPOTrainer):
+    """Multi-agent RLOO: [`MAGRPOTrainer`] whose default config uses the leave-one-out baseline."""
+
+    default_config_cls = MARLOOConfig
+    algorithm_name = "MARLOO"
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
 
 
 def _one_of(name: str, value, alias: str, alias_value):
@@ -171,12 +554,86 @@ def _one_of(name: str, value, alias: str, alias_value):
     return value if value is not None else alias_value
 
 
-def _apply_wandb_config(args: MultiAgentGRPOConfig, wandb_config: dict[str, Any]) -> None:
-    for key, env in (("project", "WANDB_PROJECT"), ("entity", "WANDB_ENTITY"), ("dir", "WANDB_DIR")):
+def _agent_sources(agent_model, agents, num_agents: int):
+    """CoMLRL's `agent_model` / `agents` / `num_agents`, as the core's `model`."""
+    if agent_model is None:
+        return list(agents) if isinstance(agents, (list, tuple)) else agents
+    if not isinstance(agent_model, (str, os.PathLike)):
+        raise ValueError("`agent_model` must be a model id or path (N homogeneous agents); pass models as `agents=`.")
+    if num_agents < 1:
+        raise ValueError(f"`num_agents` must be at least 1, got {num_agents}.")
+    if agents is None:
+        return str(agent_model)
+    if not isinstance(agents, (list, tuple)) or len(agents) != num_agents:
+        raise ValueError(f"`agents` must be a list of `num_agents` ({num_agents}) models when `agent_model` is given.")
+    if any(a != agent_model for a in agents):
+        raise ValueError(f"`agent_model` and `agents` conflict: {agent_model!r} != {list(agents)!r}; pass one.")
+    return list(agents)
+
+
+def _apply_model_config(model, processing_class, model_config, args: MAGRPOConfig, kwargs: dict):
+    """CoMLRL's `model_config`: loading kwargs for agents given by name, and special tokens for every tokenizer
+    (with each agent's embeddings resized to its tokenizer)."""
+    config = dict(model_config or {})
+    unknown = set(config) - set(MODEL_CONFIG_KEYS)
+    if unknown:
+        raise ValueError(
+            f"`model_config` has {sorted(unknown)}, which no step here reads. Accepted: {list(MODEL_CONFIG_KEYS)}; "
+            "put other `from_pretrained` arguments under `model_config['model_kwargs']`."
+        )
+    init_kwargs = dict(args.model_init_kwargs or {})
+    nested = config.get("model_kwargs") or {}
+    if not isinstance(nested, dict):
+        raise ValueError(f"`model_config['model_kwargs']` must be a dict, got {type(nested).__name__}.")
+    init_kwargs.update({k: v for k, v in nested.items() if k not in ("torch_dtype", "dtype")})
+    dtype = nested.get("torch_dtype") or nested.get("dtype") or config.get("torch_dtype") or config.get("dtype")
+    if dtype is not None:
+        init_kwargs["dtype"] = dtype
+    if "attn_implementation" in config:
+        init_kwargs.setdefault("attn_implementation", config["attn_implementation"])
+    args.model_init_kwargs = init_kwargs or None
+    special_tokens = config.get("special_tokens") or {}
+    if not special_tokens:
+        return model, processing_class
+    # Special tokens change the vocabulary: load the agents and tokenizers here, add the tokens, resize embeddings.
+    shared_base = isinstance(kwargs.get("peft_config"), PeftConfig) and isinstance(model, (str, os.PathLike))
+    models = load_agents(model, args, kwargs.get("quantization_config"), copies=not shared_base)
+    tokenizers = load_processing_classes(processing_class, models, args)
+    for tok in {id(t): t for t in tokenizers}.values():
+        tok.add_special_tokens(special_tokens)
+    for agent, tok in zip(models, tokenizers, strict=True):
+        if agent.get_input_embeddings().num_embeddings < len(tok):
+            agent.resize_token_embeddings(len(tok))
+    if shared_base:
+        return models[0], tokenizers[0]
+    return models, tokenizers if len({id(t) for t in tokenizers}) > 1 else tokenizers[0]
+
+
+def _apply_wandb_config(args: MAGRPOConfig, wandb_config: dict[str, Any]) -> TrainerCallback | None:
+    """CoMLRL's `wandb_config` onto `report_to="wandb"` and wandb's environment variables; a callback that records
+    `config_sections` in the run's config."""
+    if not isinstance(wandb_config, dict):
+        raise TypeError(f"`wandb_config` must be a dict, got {type(wandb_config).__name__}.")
+    unknown = set(wandb_config) - set(WANDB_CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"`wandb_config` has {sorted(unknown)}; accepted keys: {list(WANDB_CONFIG_KEYS)}.")
+    env = {"project": "WANDB_PROJECT", "entity": "WANDB_ENTITY", "dir": "WANDB_DIR", "id": "WANDB_RUN_ID"}
+    for key, name in env.items():
         if wandb_config.get(key):
-            os.environ[env] = str(wandb_config[key])
+            os.environ[name] = str(wandb_config[key])
+    if wandb_config.get("dir"):
+        os.makedirs(wandb_config["dir"], exist_ok=True)
+    if wandb_config.get("resume"):
+        os.environ["WANDB_RESUME"] = "allow" if wandb_config["resume"] is True else str(wandb_config["resume"])
     if wandb_config.get("tags"):
         os.environ["WANDB_TAGS"] = ",".join(wandb_config["tags"])
-    if wandb_config.get("name"):
-        args.run_name = wandb_config["name"]
+    name = wandb_config.get("name") or wandb_config.get("run_name")
+    if name:
+        args.run_name = name
     args.report_to = ["wandb"]
+    sections = wandb_config.get("config_sections")
+    if sections is None:
+        return None
+    if not isinstance(sections, dict):
+        raise TypeError(f"`wandb_config['config_sections']` must be a dict, got {type(sections).__name__}.")
+    return _WandbSections(dict(sections))

@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig
 
+from .placement import check_devices
+
 JOINT_MODES = ("aligned", "cross")
 GENERATION_MODES = ("batched", "per_agent")
+ADVANTAGE_BASELINES = ("mean", "none", "max", "leave_one_out")
 
 
 @dataclass
@@ -54,6 +57,19 @@ class MultiAgentGRPOConfig(GRPOConfig):
             as they are, instead of passing them to the agent's formatter as `formatter(row, external_prompts=...)`.
         eval_do_sample (`bool`, *optional*, defaults to `True`):
             Decoding during evaluation: sampled with the training settings (`True`), or greedy (`False`).
+        advantage_baseline (`str`, *optional*, defaults to `"mean"`):
+            What each reward is compared with, within its group of G, before `scale_rewards`. Allowed values:
+            `"mean"` (the group mean: GRPO, computed by TRL), `"none"` (the reward itself: REINFORCE), `"max"` (the
+            group's best reward: every advantage is at most 0), `"leave_one_out"` (the mean of the other G - 1
+            rewards: RLOO). With `scale_rewards` other than `"none"`, the baselined rewards are then centered and
+            divided by their standard deviation, so that every baseline gives GRPO's normalized advantages.
+        agent_devices (`list[str]` or `None`, *optional*, defaults to `None`):
+            One device per agent (`"cuda:0"`, `"cuda:1"`, `"cpu"`, ...), in a single process: each agent's model
+            lives on its own device (model parallelism across agents; inputs and outputs cross over). `None` leaves
+            placement to Accelerate (every agent on the process's device). Not with a multi-process launch.
+        reference_devices (`list[str]` or `None`, *optional*, defaults to `None`):
+            With `agent_devices` and `beta != 0`: one device per agent's reference model; `None` puts each on its
+            agent's device.
 
     > [!NOTE]
     > Defaults that differ from [`~trl.GRPOConfig`]:
@@ -113,6 +129,23 @@ class MultiAgentGRPOConfig(GRPOConfig):
         default=True, metadata={"help": "Sample during evaluation (True) or decode greedily (False)."}
     )
 
+    advantage_baseline: str = field(
+        default="mean",
+        metadata={
+            "help": "Baseline of the advantage within a group: 'mean' (GRPO), 'none' (REINFORCE), 'max' (the best "
+            "reward of the group) or 'leave_one_out' (RLOO); then scaled as `scale_rewards` says.",
+            "choices": list(ADVANTAGE_BASELINES),
+        },
+    )
+    agent_devices: list[str] | None = field(
+        default=None,
+        metadata={"help": "One device per agent in a single process (e.g. cuda:0 cuda:1); None: Accelerate's."},
+    )
+    reference_devices: list[str] | None = field(
+        default=None,
+        metadata={"help": "With agent_devices: one device per agent's reference model; None: the agent's."},
+    )
+
     def __post_init__(self):
         # TRL resolves an unset bf16 to True, which fails on a machine without a bf16-capable accelerator. Resolve it
         # from the hardware instead; an explicit choice is left to TRL and transformers to validate.
@@ -139,6 +172,21 @@ class MultiAgentGRPOConfig(GRPOConfig):
                 )
             if any(lr < 0 for lr in self.agent_learning_rates):
                 raise ValueError(f"`agent_learning_rates` must be non-negative, got {self.agent_learning_rates}.")
+        if self.advantage_baseline not in ADVANTAGE_BASELINES:
+            raise ValueError(
+                f"`advantage_baseline` must be one of {ADVANTAGE_BASELINES}, got {self.advantage_baseline!r}."
+            )
+        if self.advantage_baseline != "mean" and self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"`advantage_baseline={self.advantage_baseline!r}` applies to the weighted sum of the rewards: set "
+                "`multi_objective_aggregation='sum_then_normalize'`."
+            )
+        if self.reference_devices is not None and self.agent_devices is None:
+            raise ValueError("`reference_devices` needs `agent_devices` (one device per agent) too.")
+        if self.agent_devices is not None:
+            check_devices(self.agent_devices, "agent_devices", self.num_agents, self.world_size)
+            if self.reference_devices is not None:
+                check_devices(self.reference_devices, "reference_devices", self.num_agents, self.world_size)
         if self.num_turns < 1:
             raise ValueError(f"`num_turns` must be at least 1, got {self.num_turns}.")
         if not 0.0 <= self.discount <= 1.0:

@@ -16,15 +16,24 @@ import inspect
 import itertools
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
 from torch import nn
 from trl.trainer.utils import get_callable_name, is_async_callable
 
 TRL_STYLE = "trl"
 COMLRL_STYLE = "comlrl"
+
+ROWS_COLUMN = "batch_items"  # the column the trainer adds to the rows when a function takes CoMLRL's `batch_items`
+
+# How a CoMLRL-style function takes the completions (CoMLRL's `call_reward_function` conventions).
+PER_AGENT_LISTS = "f(completions1, ..., completionsN)"
+PROMPTS_FIRST = "f(prompts, completions1, ..., completionsN)"
+NESTED = "f([completions1, ..., completionsN])"
+VARARGS = "f(*completions)"
 
 
 def reward_style(func: Callable, num_agents: int) -> str:
@@ -35,27 +44,49 @@ def reward_style(func: Callable, num_agents: int) -> str:
     >>> reward_style(lambda c1, c2: [0.0], num_agents=2)
     'comlrl'
     """
+    return _convention(func, num_agents)[0]
+
+
+def _convention(func: Callable, num_agents: int) -> tuple[str, str | None, set[str]]:
+    """`(style, how the completions are passed, keywords passed)` for `func`, read from its signature.
+
+    CoMLRL style, as CoMLRL's `call_reward_function` calls it, with the number of required positional parameters:
+    N (one list per agent), N + 1 (the prompts first), 1 with N > 1 (one list of the N lists), or `*args`; plus the
+    keywords `batch_items=` (the dataset rows) and `prompts=` where the signature names them or takes `**kwargs`.
+    """
     name = get_callable_name(func)
     try:
-        params = inspect.signature(func).parameters.values()
+        params = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError) as err:
         raise TypeError(f"Cannot read the signature of reward function '{name}'.") from err
-    kinds = {p.kind for p in params}
-    if any(p.name == "completions" and p.kind != p.VAR_POSITIONAL for p in params):
-        return TRL_STYLE
+    names = {p.name for p in params}
+    var_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
+    var_positional = any(p.kind == p.VAR_POSITIONAL for p in params)
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-    if not positional and inspect.Parameter.VAR_POSITIONAL in kinds:
-        return COMLRL_STYLE
-    if not positional and inspect.Parameter.VAR_KEYWORD in kinds:  # f(**kwargs) takes TRL's keyword arguments
-        return TRL_STYLE
-    if positional and len(positional) == num_agents:
-        return COMLRL_STYLE
+    # `batch_items` (and `prompts` other than first) are passed by keyword, so they are not completion arguments.
+    positional = [p for k, p in enumerate(positional) if p.name != "batch_items" and (p.name != "prompts" or k == 0)]
+    named_completions = any(p.name == "completions" and p.kind != p.VAR_POSITIONAL for p in params)
+    # `f(completions)` alone, with several agents, is CoMLRL's single parameter (the list of per-agent lists); with
+    # TRL's other keywords (or `**kwargs`), it is TRL's.
+    if named_completions and (num_agents == 1 or var_keyword or "prompts" in names or len(positional) != 1):
+        return TRL_STYLE, None, set()
+    keywords = {k for k in ("batch_items", "prompts") if k in names or var_keyword}
+    if not positional and var_positional:
+        return COMLRL_STYLE, VARARGS, keywords
+    if not positional and var_keyword:  # f(**kwargs) takes TRL's keyword arguments
+        return TRL_STYLE, None, set()
+    if len(positional) == num_agents:
+        return COMLRL_STYLE, PER_AGENT_LISTS, keywords
+    if len(positional) == 1 and num_agents > 1:
+        return COMLRL_STYLE, NESTED, keywords
+    if len(positional) == num_agents + 1 and not positional[0].name.startswith("completion"):
+        return COMLRL_STYLE, PROMPTS_FIRST, keywords - {"prompts"}
     if positional:
         raise TypeError(
             f"Reward function '{name}' takes {len(positional)} completion arguments "
             f"({', '.join(p.name for p in positional)}) but there are {num_agents} agents. A CoMLRL-style reward "
-            "takes "
-            f"one list of completions per agent: f(completions1, ..., completions{num_agents}); or use the TRL style "
+            f"takes one list of completions per agent: f(completions1, ..., completions{num_agents}) (or "
+            f"f(prompts, completions1, ..., completions{num_agents})); or use the TRL style "
             "f(prompts, completions, **kwargs)."
         )
     raise TypeError(
@@ -65,12 +96,19 @@ def reward_style(func: Callable, num_agents: int) -> str:
     )
 
 
-def check_rewards(values: Any, expected: int, name: str) -> list[float | None]:
-    """Validate what a reward function returned: `expected` numbers (or `None`), none of them NaN or infinite.
+def check_rewards(values: Any, expected: int, name: str, num_agents: int = 1) -> list:
+    """Validate what a reward function returned: `expected` numbers (or `None`), none of them NaN or infinite; or,
+    with several agents, `expected` rows of `num_agents` numbers (one reward per agent). A tensor is read as its
+    values.
 
     >>> check_rewards([1, 0.5, None], 3, "f")
     [1.0, 0.5, None]
+    >>> check_rewards(torch.tensor([[1.0, 0.0], [0.5, 0.5]]), 2, "f", num_agents=2)
+    [[1.0, 0.0], [0.5, 0.5]]
     """
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu()
+        values = values.tolist() if values.dim() > 0 else [values.item()]
     try:
         values = list(values)
     except TypeError:
@@ -85,24 +123,63 @@ def check_rewards(values: Any, expected: int, name: str) -> list[float | None]:
         )
     checked = []
     for j, value in enumerate(values):
-        if value is None:
-            checked.append(None)
-            continue
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
-        if not isinstance(value, numbers.Real):
-            raise TypeError(
-                f"Reward function '{name}' returned {value!r} ({type(value).__name__}) for joint sample {j}; rewards "
-                "must be real numbers, or None for 'no reward'."
-            )
-        value = float(value)
-        if not math.isfinite(value):
-            raise ValueError(
-                f"Reward function '{name}' returned {value} for joint sample {j}; rewards must be finite. Return None "
-                "to mean 'no reward for this sample'."
-            )
-        checked.append(value)
+        if isinstance(value, torch.Tensor):
+            value = value.tolist()
+        if num_agents > 1 and isinstance(value, (list, tuple)):
+            if len(value) != num_agents:
+                raise ValueError(
+                    f"Reward function '{name}' returned {len(value)} values for joint sample {j}; return one reward "
+                    f"per joint sample, or one per agent ({num_agents})."
+                )
+            checked.append([_check_value(v, name, j) for v in value])
+        else:
+            checked.append(_check_value(value, name, j))
+    if num_agents > 1 and any(isinstance(v, list) for v in checked) and not all(isinstance(v, list) for v in checked):
+        raise ValueError(
+            f"Reward function '{name}' returned per-agent rewards for some joint samples only; return one reward per "
+            f"joint sample everywhere, or {num_agents} everywhere."
+        )
     return checked
+
+
+def _check_value(value, name: str, j: int) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"Reward function '{name}' returned {value!r} ({type(value).__name__}) for joint sample {j}; rewards "
+            "must be real numbers, or None for 'no reward'."
+        )
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(
+            f"Reward function '{name}' returned {value} for joint sample {j}; rewards must be finite. Return None "
+            "to mean 'no reward for this sample'."
+        )
+    return value
+
+
+def reward_range(func: Callable) -> tuple[float, float] | None:
+    """The raw range `(minimum, maximum)` a reward function declares in its `reward_range` attribute (CoMLRL's
+    `set_reward_range`), checked; `None` when it declares none. The trainer refuses a reward outside it.
+
+    >>> def f(c1, c2): ...
+    >>> f.reward_range = (0, 1)
+    >>> reward_range(f)
+    (0.0, 1.0)
+    """
+    declared = getattr(func, "reward_range", None)
+    if declared is None:
+        return None
+    name = get_callable_name(func)
+    if isinstance(declared, (str, bytes)) or not isinstance(declared, Sequence) or len(declared) != 2:
+        raise ValueError(f"`{name}.reward_range` must be a pair (minimum, maximum); got {declared!r}.")
+    low, high = (float(v) for v in declared)
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"`{name}.reward_range` must be finite with minimum < maximum; got {declared!r}.")
+    return low, high
 
 
 def bind_reward_funcs(reward_funcs, num_agents: int) -> list:
@@ -133,31 +210,102 @@ def bind_reward(func: Callable, num_agents: int) -> Callable:
     The trainer calls the wrapper with joint samples (`completions[j]` is a tuple of N completions when N > 1). The
     wrapper calls `func` in its own convention and validates what it returns. Async functions stay async, so that
     TRL runs them concurrently.
+
+    A function may return one reward per agent for each joint sample (rows of N numbers, or an `(S, N)` tensor):
+    the wrapper then returns their mean to TRL (the team's reward, for logs) and keeps the per-agent values in its
+    `agent_rewards` attribute until `pop_agent_rewards` takes them.
     """
-    style = reward_style(func, num_agents)
+    style, passing, keywords = _convention(func, num_agents)
     name = get_callable_name(func)
+    bounds = reward_range(func)
 
     def arguments(prompts, completions, kwargs) -> tuple[tuple, dict]:
-        if style == COMLRL_STYLE:
-            per_agent = [list(c) for c in zip(*completions)] if num_agents > 1 else [list(completions)]
-            return tuple(per_agent), {}
-        return (), {"prompts": prompts, "completions": completions, **kwargs}
+        if style == TRL_STYLE:
+            return (), {"prompts": prompts, "completions": completions, **kwargs}
+        per_agent = [list(c) for c in zip(*completions)] if num_agents > 1 else [list(completions)]
+        # CoMLRL's prompt of a joint sample is agent 0's (the one its formatter built).
+        prompts = [p[0] for p in prompts] if num_agents > 1 else list(prompts)
+        args = {PER_AGENT_LISTS: per_agent, VARARGS: per_agent, NESTED: [per_agent]}.get(
+            passing, [prompts, *per_agent]
+        )
+        kw = {"prompts": prompts} if "prompts" in keywords else {}
+        if "batch_items" in keywords:  # the dataset rows, one per joint sample (the trainer adds them for us)
+            kw["batch_items"] = kwargs[ROWS_COLUMN]
+        return tuple(args), kw
+
+    def finish(values, expected: int) -> list:
+        checked = check_rewards(values, expected, name, num_agents)
+        if bounds is not None:
+            flat = [v for row in checked for v in (row if isinstance(row, list) else [row]) if v is not None]
+            outside = [v for v in flat if not bounds[0] <= v <= bounds[1]]
+            if outside:
+                raise ValueError(
+                    f"Reward function '{name}' returned {outside[0]}, outside its declared reward_range {bounds}."
+                )
+        if checked and isinstance(checked[0], list):
+            joint_reward.agent_rewards = checked
+            return [sum(row) / len(row) for row in checked]
+        return checked
 
     if is_async_callable(func):
 
         async def joint_reward(prompts, completions, **kwargs):
             args, kw = arguments(prompts, completions, kwargs)
-            return check_rewards(await func(*args, **kw), len(completions), name)
+            return finish(await func(*args, **kw), len(completions))
 
     else:
 
         def joint_reward(prompts, completions, **kwargs):
             args, kw = arguments(prompts, completions, kwargs)
-            return check_rewards(func(*args, **kw), len(completions), name)
+            return finish(func(*args, **kw), len(completions))
 
     joint_reward.__name__ = name
     joint_reward.style = style
+    joint_reward.agent_rewards = None
+    joint_reward.wants_rows = "batch_items" in keywords
     return joint_reward
+
+
+def credit_columns(rewards_per_func, joint, agent_rewards, processor, weights) -> list[torch.Tensor]:
+    """The reward columns each agent is credited with, `(rows, F)` each (or `(rows, 1)` after a processor): the
+    joint rewards, or each agent's own (`agent_rewards`, `(rows, F, N)`) where a function returned one per agent."""
+    num_agents = 1 if agent_rewards is None else agent_rewards.size(2)
+    columns = [rewards_per_func if agent_rewards is None else agent_rewards[..., i] for i in range(num_agents)]
+    if processor is not None:  # the processor applies to each agent's weighted reward, as to the joint one
+        columns = [
+            joint.unsqueeze(1)
+            if agent_rewards is None
+            else apply_processor(processor, weighted_sum(c, weights))[:, None]
+            for c in columns
+        ]
+    return columns
+
+
+def weighted_sum(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The weighted sum of the reward functions' columns, `(rows, F) -> (rows,)`; NaN where none scored (as TRL)."""
+    total = (rewards_per_func * weights.to(rewards_per_func.device)).nansum(dim=1)
+    total[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return total
+
+
+def pop_agent_rewards(reward_funcs: Sequence, rewards_per_func: torch.Tensor, num_agents: int, accelerator):
+    """Each agent's own rewards `(rows, F, N)` (gathered), from the functions that returned one per agent in their
+    last call, and the joint reward (`rewards_per_func`, gathered) broadcast for the others. `None` when no function
+    returned per-agent rewards on any process."""
+    local_rows = len(rewards_per_func) // accelerator.num_processes
+    start = accelerator.process_index * local_rows
+    local = rewards_per_func[start : start + local_rows].unsqueeze(2).repeat(1, 1, num_agents)  # (rows, F, N)
+    found = torch.zeros(1, device=rewards_per_func.device)
+    for k, func in enumerate(reward_funcs):
+        values = getattr(func, "agent_rewards", None)
+        if values is not None:
+            func.agent_rewards = None
+            values = [[math.nan if v is None else v for v in row] for row in values]
+            local[:, k] = torch.tensor(values, dtype=local.dtype, device=local.device)
+            found += 1
+    if accelerator.gather(found).sum() == 0:  # the same answer on every process, so all gather or none
+        return None
+    return accelerator.gather(local)
 
 
 class RewardProcessor:
@@ -262,3 +410,21 @@ def cross_credit(rewards: torch.Tensor, num_generations: int, num_agents: int, a
     other_dims = [1 + a for a in range(num_agents) if a != agent]
     credit = torch.nanmean(grid, dim=other_dims) if other_dims else grid  # (B, G, F)
     return credit.reshape(-1, num_funcs)
+
+
+def flush_reward_logs(trainer, mode: str, prefix: str, num_rows: int) -> dict[str, list]:
+    """What the reward functions recorded during the joint pass with TRL's `log_metric` and `log_extra`: the metrics
+    under the joint names (averaged across processes, as TRL does); the extra columns gathered, returned for the
+    completions table. TRL flushes these buffers in its own pass, which here runs per agent: left to it, they would
+    land under agent 0's names, and the columns in no table."""
+    accelerator, pending, extra = trainer.accelerator, trainer._pending_metrics, trainer._pending_extra_logs
+    for name in sorted(set(gather_object(list(pending)))):  # the same order on every process
+        values = pending.get(name, [])
+        stats = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=accelerator.device)
+        total, count = accelerator.gather(stats).view(-1, 2).sum(dim=0).tolist()
+        trainer._metrics[mode][prefix + name].append(total / count)
+    columns = sorted(set(gather_object(list(extra))))
+    extras = {column: gather_object(extra.get(column, [None] * num_rows)) for column in columns}
+    pending.clear()
+    extra.clear()
+    return extras

@@ -46,7 +46,7 @@ def test_reward_style_is_read_from_the_signature(func, num_agents, style):
     "func, num_agents, message",
     [
         (comlrl_two, 3, "takes 2 completion arguments"),
-        (lambda a, b, c: [], 2, "but there are 2 agents"),
+        (lambda a, b, c, d: [], 2, "but there are 2 agents"),  # f(a, b, c) is CoMLRL's f(prompts, c1, c2)
         (lambda threshold=0.5: [], 2, "fits neither reward convention"),
     ],
 )

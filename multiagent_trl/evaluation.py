@@ -1,0 +1,128 @@
+"""The per-row evaluation pass: every evaluated row's trajectory (each agent's completion at every turn, the joint
+reward of every turn), collected while `Trainer.evaluate` runs, for metrics computed over whole trajectories.
+
+TRL's evaluation averages per-batch metrics (`eval_reward`, ...). Some metrics need the completions themselves, row
+by row and turn by turn (did the code pass its tests at turn 2? how many rows improved after feedback?). A trainer
+with `record_eval_trajectories = True` records them during the evaluation loop (gathered across processes, in
+dataset order) and hands them to its `trajectory_metrics(trajectories)`, whose returned metrics are logged with the
+others under the `eval_` prefix.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from accelerate.utils import gather_object
+from transformers import GenerationConfig
+
+if TYPE_CHECKING:
+    from .trainer import MultiAgentGRPOTrainer
+
+
+@dataclass
+class EvalTrajectories:
+    """What an evaluation produced, one entry per evaluated trajectory (one per row with `num_generations_eval=1`).
+
+    `completions[i][j]` and `prompts[i][j]` are agent i's completions and prompts on trajectory j, one per turn
+    played; `rewards[j][t]` is trajectory j's joint reward at turn t (after the reward processor), `nan` where no
+    function scored; a trajectory that ended early has fewer turns.
+    """
+
+    num_agents: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    prompts: list[list[list]] = field(default_factory=list)
+    completions: list[list[list]] = field(default_factory=list)
+    rewards: list[list[float]] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.prompts = self.prompts or [[] for _ in range(self.num_agents)]
+        self.completions = self.completions or [[] for _ in range(self.num_agents)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+class EvalRecorder:
+    """Collects `EvalTrajectories` turn by turn, fed by the trainer's joint-reward pass in evaluation mode."""
+
+    def __init__(self, num_agents: int):
+        self.trajectories = EvalTrajectories(num_agents)
+        self._batch_start = 0  # index of the current generation batch's first trajectory
+        self._active: list[bool] = []
+
+    def record_turn(self, turn: int, rows: list[dict], agent_inputs: list[list[dict]], rollouts: list) -> None:
+        """Record one turn's rows, prompts and completions (local to this process; gathered here)."""
+        record = self.trajectories
+        if turn == 0:
+            self._batch_start = len(record.rows)
+            record.rows.extend(gather_object(list(rows)))
+            record.rewards.extend([] for _ in range(len(record.rows) - self._batch_start))
+            for i in range(record.num_agents):
+                record.prompts[i].extend([] for _ in range(len(record.rows) - self._batch_start))
+                record.completions[i].extend([] for _ in range(len(record.rows) - self._batch_start))
+        # An ended trajectory stays in the batch with its completions masked out (`Rollout.masked`).
+        mask = rollouts[0].tool_mask
+        active = [True] * len(rows) if mask is None else [not m or any(m) for m in mask]
+        self._active = gather_object(active)
+        for i, rollout in enumerate(rollouts):
+            prompts = gather_object([row["prompt"] for row in agent_inputs[i]])
+            completions = gather_object(list(rollout.completions))
+            for j, (p, c, a) in enumerate(zip(prompts, completions, self._active, strict=True)):
+                if a:
+                    record.prompts[i][self._batch_start + j].append(p)
+                    record.completions[i][self._batch_start + j].append(c)
+
+    def record_rewards(self, joint: torch.Tensor) -> None:
+        """Record one turn's joint rewards (already gathered across processes)."""
+        for j, (reward, a) in enumerate(zip(joint.tolist(), self._active, strict=True)):
+            if a:
+                self.trajectories.rewards[self._batch_start + j].append(reward)
+
+
+def turn_metrics(trajectories: EvalTrajectories, num_turns: int) -> dict[str, float]:
+    """Per turn k (1-based), over the trajectories: `turn_k/reward_mean`, the mean joint reward at turn k, and
+    `turn_k/expected_return`, the mean undiscounted sum of the rewards from turn k on (a turn not played counts 0).
+
+    >>> t = EvalTrajectories(1, rows=[{}, {}], rewards=[[1.0, 2.0], [3.0]])
+    >>> turn_metrics(t, 2)  # doctest: +ELLIPSIS
+    {'turn_1/reward_mean': 2.0, 'turn_1/expected_return': 3.0, 'turn_2/reward_mean': 2.0, ...}
+    """
+    metrics: dict[str, float] = {}
+    if not trajectories.rewards:
+        return metrics
+    for t in range(num_turns):
+        played = [r[t] for r in trajectories.rewards if len(r) > t]
+        returns = [sum(x for x in r[t:] if x == x) for r in trajectories.rewards]  # x == x: not NaN
+        metrics[f"turn_{t + 1}/reward_mean"] = float(sum(played) / len(played)) if played else 0.0
+        metrics[f"turn_{t + 1}/expected_return"] = float(sum(returns) / len(returns))
+    return metrics
+
+
+@contextmanager
+def decoding(trainer: MultiAgentGRPOTrainer, mode: str) -> Iterator[None]:
+    """Greedy decoding during evaluation when `eval_do_sample=False`; the training settings otherwise."""
+    if mode == "train" or trainer.args.eval_do_sample:
+        yield
+        return
+    views = trainer._agent_views
+    configs = [view["generation_config"] for view in views]
+    for view, config in zip(views, configs):
+        view["generation_config"] = _greedy(config)
+    try:
+        with trainer._swap(generation_config=views[0]["generation_config"]):
+            yield
+    finally:
+        for view, config in zip(views, configs):
+            view["generation_config"] = config
+
+
+def _greedy(config: GenerationConfig) -> GenerationConfig:
+    greedy = copy.deepcopy(config)
+    greedy.do_sample = False
+    greedy.temperature = greedy.top_p = greedy.top_k = greedy.min_p = None
+    return greedy

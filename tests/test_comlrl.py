@@ -1,0 +1,529 @@
+"""CoMLRL 1.4.3 parity: its config fields and defaults, advantage modes, reward conventions, per-agent rewards,
+per-agent devices, evaluation pass, trainer arguments and checkpoints (issue 10)."""
+
+import dataclasses
+import os
+import re
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from multiagent_trl import (
+    MAGRPOConfig,
+    MAGRPOTrainer,
+    MAREINFORCEConfig,
+    MAREINFORCETrainer,
+    MAReMaxConfig,
+    MAReMaxTrainer,
+    MARLOOConfig,
+    MARLOOTrainer,
+)
+from multiagent_trl.placement import check_devices
+from multiagent_trl.rewards import bind_reward
+
+from .conftest import PROMPTS, G, completion_ids_of, generation_batch
+
+# CoMLRL 1.4.3's MAGRPOConfig, field by field, with its defaults (comlrl/trainers/reinforce/magrpo.py).
+COMLRL_DEFAULTS = dict(
+    num_train_epochs=20,
+    agent_learning_rate=5.0e-6,
+    logging_steps=50,
+    num_agents=2,
+    parallel_training="none",
+    agent_devices=None,
+    num_generations=4,
+    max_new_tokens=256,
+    temperature=0.6,
+    top_p=0.6,
+    top_k=50,
+    num_turns=2,
+    discount=1.0,
+    joint_mode="aligned",
+    early_termination_threshold=-0.2,
+    external_prompt_passthrough=False,
+    eval_interval=16,
+    eval_num_samples=4,
+    eval_batch_size=1,
+    rollout_buffer_size=2,
+    train_batch_size=None,
+    advantage_normalization=True,
+    advantage_mode="mean",
+    reference_kl_enabled=False,
+    reference_kl_coef=0.1,
+    reference_devices=None,
+)
+CoMLRL_ONLY = {"train_batch_size": "comlrl_train_batch_size", "eval_batch_size": "comlrl_eval_batch_size"}
+
+
+def comlrl_args(tmp_path, config_class=MAGRPOConfig, **overrides):
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        num_turns=1,
+        max_new_tokens=8,
+        rollout_buffer_size=2,
+        agent_learning_rate=1e-3,
+        logging_steps=1,
+        max_steps=1,
+        report_to="none",
+        seed=0,
+    )
+    settings.update(overrides)
+    return config_class(**settings)
+
+
+# ---------------------------------------------------------------------------------------------- 1. the config
+
+
+def test_every_comlrl_field_is_accepted_with_its_default():
+    config = MAGRPOConfig()
+    fields = {f.name for f in dataclasses.fields(MAGRPOConfig)}
+    assert set(COMLRL_DEFAULTS) <= fields
+    for name, default in COMLRL_DEFAULTS.items():
+        value = getattr(config, CoMLRL_ONLY.get(name, name))
+        if name in ("agent_devices", "reference_devices"):
+            continue  # mapped onto the core's per-agent placement (None under "none")
+        assert value == default, name
+    # The same list as the installed CoMLRL's own dataclass, where it can be imported.
+    try:
+        from comlrl.trainers.reinforce import MAGRPOConfig as Reference
+    except ImportError:
+        return
+    reference = {f.name: f.default for f in dataclasses.fields(Reference)}
+    assert reference == COMLRL_DEFAULTS
+
+
+def test_comlrl_batch_sizes_keep_trainers_properties():
+    config = MAGRPOConfig(rollout_buffer_size=4, train_batch_size=2, eval_batch_size=3, num_generations=4)
+    assert (config.comlrl_train_batch_size, config.comlrl_eval_batch_size) == (2, 3)
+    assert config.per_device_train_batch_size == 2 * 4 and config.steps_per_generation == 2
+    assert config.train_batch_size == config.per_device_train_batch_size * max(1, config.n_gpu)  # Trainer's property
+    assert config.eval_batch_size == 3 * max(1, config.n_gpu) and config.num_generations_eval == 1
+    assert MAGRPOConfig(rollout_buffer_size=3).steps_per_generation == 1  # default: one step per buffer
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_train_epochs=0), "`num_train_epochs` must be at least 1"),
+        (dict(num_generations=1), "`num_generations` must be at least 2"),
+        (dict(rollout_buffer_size=0), "`rollout_buffer_size` must be at least 1"),
+        (dict(eval_interval=-1), "`eval_interval` must be at least 0"),
+        (dict(eval_num_samples=-1), "`eval_num_samples` must be at least 0"),
+        (dict(eval_batch_size=0), "`eval_batch_size` must be at least 1"),
+        (dict(train_batch_size=0), "`train_batch_size` must be at least 1"),
+        (dict(logging_steps=0), "`logging_steps` must be at least 1"),
+        (dict(num_turns=0), "`num_turns` must be at least 1"),
+        (dict(advantage_mode="median"), "`advantage_mode` must be one of"),
+        (dict(parallel_training="ddp"), "`parallel_training` must be 'none' or 'mp'"),
+        (dict(parallel_training="mp"), "needs `agent_devices`"),
+        (dict(parallel_training="mp", agent_devices=["cpu", "cpu", "cpu"]), "a list of 1 or 2 devices"),
+        (dict(parallel_training="mp", agent_devices=["cpu", "cuda:7"]), "'cuda:7' does not exist on this machine"),
+        (dict(parallel_training="mp", agent_devices=["cpu", "gpu0"]), "'gpu0' is not a device name"),
+        (dict(agent_devices=["cuda:5"]), "with `parallel_training='none'`"),
+        (dict(reference_kl_coef=-0.1), "`reference_kl_coef` must be >= 0"),
+        (dict(rollout_buffer_size=3, train_batch_size=2), "must be a multiple of `train_batch_size=2`"),
+    ],
+)
+def test_comlrl_checks(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        MAGRPOConfig(**kwargs)
+
+
+def test_mp_is_refused_under_a_multi_process_launch():
+    with pytest.raises(ValueError, match="this run has 2 processes"):
+        check_devices(["cpu", "cpu"], "agent_devices", 2, world_size=2)
+
+
+def test_the_reinforce_family_defaults():
+    assert [c().advantage_mode for c in (MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig)] == [
+        "mean",
+        "raw",
+        "max",
+        "rloo",
+    ]
+    assert [c().advantage_baseline for c in (MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig)] == [
+        "none",
+        "max",
+        "leave_one_out",
+    ]
+    trainers = (MAGRPOTrainer, MAREINFORCETrainer, MAReMaxTrainer, MARLOOTrainer)
+    assert [t.default_config_cls for t in trainers] == [MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig]
+
+
+# ---------------------------------------------------------------------------------------------- advantages
+
+
+def by_hand(rewards, mode, normalize):
+    """CoMLRL's advantages of one group, then (normalize) centered and scaled with TRL's std estimator."""
+    r = torch.tensor(rewards, dtype=torch.float32)
+    g = len(rewards)
+    baseline = {"mean": r.mean(), "raw": 0.0, "max": r.max()}.get(mode)
+    a = (g * r - r.sum()) / (g - 1) if mode == "rloo" else r - baseline
+    if normalize:
+        a = (a - a.mean()) / (a.std() + 1e-4)
+    return a
+
+
+@pytest.mark.parametrize(
+    "mode, normalize", [("mean", False), ("raw", False), ("max", False), ("rloo", False), ("rloo", True)]
+)
+def test_advantage_modes_against_hand_computed_values(tmp_path, tiny_path, prompts_dataset, mode, normalize):
+    def reward(completions1, completions2, batch_items):  # deterministic in the texts
+        return [float(len(a) % 5) + 0.5 * float(len(b) % 3) for a, b in zip(completions1, completions2)]
+
+    args = comlrl_args(tmp_path, advantage_mode=mode, advantage_normalization=normalize)
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path, num_agents=2, reward_func=reward, args=args, train_dataset=prompts_dataset
+    )
+    trainer.model.train()
+    output = trainer._generate_and_score_completions(generation_batch(prompts_dataset))
+    texts = [
+        trainer.processing_class.batch_decode(completion_ids_of(output, a), skip_special_tokens=True) for a in range(2)
+    ]
+    rewards = reward(*texts, batch_items=None)
+    expected = torch.cat([by_hand(rewards[k : k + G], mode, normalize) for k in range(0, len(rewards), G)])
+    for agent in range(2):
+        torch.testing.assert_close(output[f"agent_{agent}/advantages"], expected, rtol=1e-4, atol=1e-4)
+    assert expected.abs().sum() > 0
+    if normalize:  # CoMLRL: with normalization every mode gives GRPO's advantages
+        grpo = torch.cat([by_hand(rewards[k : k + G], "mean", True) for k in range(0, len(rewards), G)])
+        torch.testing.assert_close(expected, grpo, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- 5. rewards
+
+
+def reference(completions1, completions2):
+    return [len(a) - 2.0 * len(b) for a, b in zip(completions1, completions2)]
+
+
+CONVENTIONS = {
+    "per-agent lists": reference,
+    "prompts first": lambda prompts, c1, c2: reference(c1, c2),
+    "varargs": lambda *completions: reference(*completions),
+    "nested": lambda agent_completions: reference(*agent_completions),
+    "tensor": lambda c1, c2: torch.tensor(reference(c1, c2)),
+    "batch_items and prompts keywords": lambda c1, c2, batch_items, prompts: [
+        r + 0 * len(row["target"]) + 0 * len(p) for r, row, p in zip(reference(c1, c2), batch_items, prompts)
+    ],
+    "kwargs": lambda c1, c2, **kwargs: [
+        r + 0 * len(kwargs["batch_items"]) + 0 * len(kwargs["prompts"]) for r in reference(c1, c2)
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(CONVENTIONS))
+def test_reward_conventions_give_the_same_rewards(name):
+    completions = [("a", "bb"), ("ccc", ""), ("dddd", "e")]
+    prompts = [("p0", "q0"), ("p1", "q1"), ("p2", "q2")]
+    rows = [{"prompt": "P", "target": "xyz"}] * 3
+    bound = bind_reward(CONVENTIONS[name], num_agents=2)
+    got = bound(prompts=prompts, completions=completions, completion_ids=None, batch_items=rows, target=["xyz"] * 3)
+    assert got == reference(*zip(*completions)) == [-3.0, 3.0, 2.0]
+
+
+def test_prompts_and_batch_items_are_what_comlrl_passes(tmp_path, tiny_path, prompts_dataset):
+    seen = []
+
+    def reward(prompts, completions1, completions2, batch_items=None):
+        seen.append((list(prompts), list(batch_items)))
+        return [0.0] * len(completions1)
+
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=reward,
+        args=comlrl_args(tmp_path),
+        train_dataset=prompts_dataset,
+        formatters=[lambda r: r["prompt"] + " A:", lambda r: r["prompt"] + " B:"],
+    )
+    trainer.model.train()
+    batch = generation_batch(prompts_dataset)
+    trainer._generate_and_score_completions(batch)
+    ((prompts, rows),) = seen
+    assert prompts == [row["prompt"] + " A:" for row in batch]  # agent 0's prompt, as in CoMLRL
+    assert rows == batch  # the dataset rows, every column
+
+
+def test_reward_range_is_checked():
+    def reward(c1, c2):
+        return [2.0] * len(c1)
+
+    reward.reward_range = (0.0, 1.0)
+    with pytest.raises(ValueError, match=r"outside its declared reward_range \(0.0, 1.0\)"):
+        bind_reward(reward, 2)(prompts=["p"], completions=[("a", "b")], completion_ids=None)
+    reward.reward_range = (1.0, 0.0)
+    with pytest.raises(ValueError, match="minimum < maximum"):
+        bind_reward(reward, 2)
+
+
+def test_per_agent_rewards_give_each_agent_its_own_advantages(tmp_path, tiny_path, prompts_dataset):
+    def reward(completions1, completions2):  # agent 0 rewarded for length, agent 1 for brevity
+        return [(float(len(a) % 7), -float(len(b) % 5)) for a, b in zip(completions1, completions2)]
+
+    args = comlrl_args(tmp_path, advantage_normalization=False)
+    trainer = MAGRPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=prompts_dataset)
+    trainer.model.train()
+    output = trainer._generate_and_score_completions(generation_batch(prompts_dataset))
+    texts = [
+        trainer.processing_class.batch_decode(completion_ids_of(output, a), skip_special_tokens=True) for a in range(2)
+    ]
+    rewards = reward(*texts)
+    for agent in range(2):
+        own = [r[agent] for r in rewards]
+        expected = torch.cat([by_hand(own[k : k + G], "mean", False) for k in range(0, len(own), G)])
+        torch.testing.assert_close(output[f"agent_{agent}/advantages"], expected, rtol=1e-4, atol=1e-4)
+    # The joint reward logged is the team's: the mean of the agents' rewards.
+    assert trainer._metrics["train"]["reward"][-1] == pytest.approx(sum(sum(r) / 2 for r in rewards) / len(rewards))
+
+
+# ---------------------------------------------------------------------------------------------- 6. devices
+
+
+def test_mp_places_each_agent_and_reference_on_its_device(tmp_path, tiny_path, prompts_dataset):
+    args = comlrl_args(
+        tmp_path,
+        parallel_training="mp",
+        agent_devices=["cpu", "cpu"],
+        reference_kl_enabled=True,
+        reference_devices="cpu",
+        reference_kl_coef=0.05,
+    )
+    trainer = MAGRPOTrainer(agent_model=tiny_path, reward_func=reference, args=args, train_dataset=prompts_dataset)
+    assert args.agent_devices == ["cpu", "cpu"] and args.reference_devices == ["cpu", "cpu"]
+    assert trainer.model.hf_device_map == {"agents.0": "cpu", "agents.1": "cpu"}
+    for i in range(2):
+        assert {p.device.type for p in trainer.model.agents[i].parameters()} == {"cpu"}
+        assert {p.device.type for p in trainer._agent_views[i]["ref_model"].parameters()} == {"cpu"}
+    before = [p.detach().clone() for p in trainer.model.agent_parameters(1)]
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.agent_parameters(1)))
+
+
+def test_per_agent_device_hooks_move_inputs_and_outputs():
+    from multiagent_trl.placement import _to
+
+    nested = {"logits": torch.zeros(2), "past": ("cache", [torch.ones(1)])}
+    moved = _to(nested, torch.device("meta"))
+    assert moved["logits"].device.type == "meta" and moved["past"][1][0].device.type == "meta"
+    assert moved["past"][0] == "cache"
+
+
+def test_wrong_number_of_agent_devices(tmp_path, tiny_path, prompts_dataset):
+    args = comlrl_args(tmp_path, parallel_training="mp", agent_devices=["cpu", "cpu"])
+    with pytest.raises(ValueError, match="2 devices for 3 agents"):
+        MAGRPOTrainer(
+            agent_model=tiny_path,
+            num_agents=3,
+            reward_func=lambda a, b, c: [0.0] * len(a),
+            args=args,
+            train_dataset=prompts_dataset,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- 4. evaluation
+
+
+def test_evaluation_calls_logger_and_aggregator_and_logs_turn_metrics(tmp_path, tiny_path, prompts_dataset):
+    calls = {}
+
+    def transition(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
+        return [f"{prompt} again", f"{prompt} once more"]
+
+    def eval_logger(agent_completions_turns, batch_items, prompts):
+        calls["logger"] = (agent_completions_turns, batch_items, prompts)
+        return [
+            {"turn_1/length": float(len(c[0])), "turn_2/length": float(len(c[1]))} for c in agent_completions_turns[0]
+        ]
+
+    def eval_aggregator(metrics, num_turns):
+        calls["aggregator"] = num_turns
+        return {k: sum(m[k] for m in metrics) / len(metrics) for k in metrics[0]}
+
+    def reward(c1, c2):
+        return [float(len(a) % 3) for a in c1]
+
+    args = comlrl_args(
+        tmp_path, num_turns=2, early_termination_threshold=None, eval_interval=1, eval_num_samples=3, eval_batch_size=1
+    )
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=reward,
+        args=args,
+        train_dataset=prompts_dataset,
+        eval_dataset=prompts_dataset,
+        external_transition=transition,
+        eval_logger=eval_logger,
+        eval_aggregator=eval_aggregator,
+    )
+    metrics = trainer.evaluate()
+    completions, rows, prompts = calls["logger"]
+    assert len(completions) == 2 and all(len(agent) == 3 for agent in completions)  # 2 agents, 3 rows
+    assert all(len(turns) == 2 for agent in completions for turns in agent)  # every turn
+    assert rows == [prompts_dataset[i] for i in range(3)] and prompts == PROMPTS[:3]
+    assert calls["aggregator"] == 2
+    lengths = [len(c[0]) for c in completions[0]]
+    assert metrics["eval_turn_1/length"] == pytest.approx(sum(lengths) / 3)
+    turn_1 = [reward([c[0]], [None])[0] for c in completions[0]]
+    turn_2 = [reward([c[1]], [None])[0] for c in completions[0]]
+    assert metrics["eval_turn_1/reward_mean"] == pytest.approx(sum(turn_1) / 3)
+    assert metrics["eval_turn_2/reward_mean"] == pytest.approx(sum(turn_2) / 3)
+    assert metrics["eval_turn_1/expected_return"] == pytest.approx((sum(turn_1) + sum(turn_2)) / 3)
+    # During training: every eval_interval steps and before the first, in the Trainer log.
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "eval_turn_1/reward_mean" in h]
+    assert len(logged) == 2 and all("eval_turn_2/length" in h for h in logged)
+    assert len(calls["logger"][1]) == 3
+
+
+# ---------------------------------------------------------------------------------------------- 3. trainer arguments
+
+
+def test_agent_model_num_agents_model_config_and_verbose(tmp_path, tiny_path, prompts_dataset):
+    model_config = {
+        "torch_dtype": "bfloat16",
+        "special_tokens": {"additional_special_tokens": ["<plan>"]},
+        "model_kwargs": {"attn_implementation": "eager"},
+    }
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        num_agents=3,
+        model_config=model_config,
+        reward_func=lambda a, b, c: [0.0] * len(a),
+        args=comlrl_args(tmp_path),
+        train_dataset=prompts_dataset,
+    )
+    assert trainer.num_agents == 3 and len(trainer.model.agents) == 3
+    tokenizer = trainer.processing_class
+    assert "<plan>" in tokenizer.get_vocab()
+    for agent in trainer.model.agents:
+        assert agent.dtype == torch.bfloat16 and agent.config._attn_implementation == "eager"
+        assert agent.get_input_embeddings().num_embeddings >= len(tokenizer)
+    assert trainer.verbose
+    trainer.verbose = False
+    assert trainer.args.disable_tqdm and not trainer.verbose
+    with pytest.raises(ValueError, match="no step here reads"):
+        MAGRPOTrainer(
+            agent_model=tiny_path,
+            model_config={"temperature": 0.3},
+            reward_func=reference,
+            args=comlrl_args(tmp_path),
+            train_dataset=prompts_dataset,
+        )
+
+
+def test_auto_dtype_and_per_agent_tokenizers(tmp_path, tiny_path, prompts_dataset):
+    tokenizers = [AutoTokenizer.from_pretrained(tiny_path) for _ in range(2)]
+    trainer = MAGRPOTrainer(
+        agents=[tiny_path, tiny_path],
+        tokenizer=tokenizers,
+        model_config={"torch_dtype": "auto"},
+        reward_func=reference,
+        args=comlrl_args(tmp_path),
+        train_dataset=prompts_dataset,
+    )
+    assert [v["processing_class"] for v in trainer._agent_views] == tokenizers
+    saved_dtype = AutoModelForCausalLM.from_pretrained(tiny_path).dtype
+    assert trainer.model.agents[1].dtype == saved_dtype
+
+
+def test_wandb_config_records_sections(tmp_path, tiny_path, prompts_dataset, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_DIR", "WANDB_TAGS"):
+        monkeypatch.delenv(name, raising=False)
+    wandb_config = {
+        "project": "parity",
+        "entity": "team",
+        "name": "run-1",
+        "dir": str(tmp_path / "wandb"),
+        "tags": ["a", "b"],
+        "config_sections": {"dataset": {"name": "stories"}, "output": {"verbose": False}},
+    }
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=reference,
+        args=comlrl_args(tmp_path, report_to="none"),
+        train_dataset=prompts_dataset,
+        wandb_config=wandb_config,
+    )
+    assert trainer.args.report_to == ["wandb"] and trainer.args.run_name == "run-1" and not trainer.verbose
+    import wandb
+
+    try:
+        trainer.train()
+        run = wandb.run
+        assert run.config["dataset"] == {"name": "stories"}
+        assert (run.project, run.name, list(run.tags)) == ("parity", "run-1", ["a", "b"])
+        assert os.path.isdir(tmp_path / "wandb" / "wandb")
+    finally:
+        wandb.finish()
+    with pytest.raises(ValueError, match="accepted keys"):
+        MAGRPOTrainer(
+            agent_model=tiny_path,
+            reward_func=reference,
+            args=comlrl_args(tmp_path),
+            train_dataset=prompts_dataset,
+            wandb_config={"projekt": "typo"},
+        )
+
+
+def test_checkpoints_every_interval_epochs_and_resume(tmp_path, tiny_path):
+    dataset = Dataset.from_dict({"prompt": PROMPTS[:2]})  # one step per epoch (2 prompts per step)
+
+    def make():
+        args = comlrl_args(tmp_path, max_steps=-1, num_train_epochs=3, num_generations=2, max_new_tokens=4)
+        return MAGRPOTrainer(agent_model=tiny_path, reward_func=reference, args=args, train_dataset=dataset)
+
+    checkpoints = tmp_path / "ckpt"
+    trainer = make()
+    (checkpoints / "checkpoint-1").mkdir(parents=True)  # an older run's, removed by the limit below
+    trainer.train(checkpoint_dir=str(checkpoints), checkpoint_interval=2)
+    assert sorted(p.name for p in checkpoints.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]  # 2 and last
+    assert (checkpoints / "checkpoint-2" / "agent_1" / "config.json").is_file()
+
+    # Resumed from epoch 2, the run trains the remaining epoch; a limit of 1 keeps the last checkpoint only.
+    resumed, again = make(), tmp_path / "again"
+    resumed.train(
+        resume_from_checkpoint=str(checkpoints / "checkpoint-2"),
+        checkpoint_dir=str(again),
+        checkpoint_interval=1,
+        checkpoint_total_limit=1,
+    )
+    assert resumed.state.global_step == 3 and [p.name for p in again.glob("checkpoint-*")] == ["checkpoint-3"]
+    with pytest.raises(ValueError, match="`checkpoint_interval` must be a positive integer"):
+        make().train(checkpoint_interval=0)
+    with pytest.raises(ValueError, match="`checkpoint_total_limit` must be a positive integer"):
+        make().train(checkpoint_total_limit=0)
+    with pytest.raises(TypeError, match="generation settings are config fields"):
+        make().train(do_sample=False)
+
+
+def test_save_model_writes_one_folder_per_agent(tmp_path, tiny_path, prompts_dataset):
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path, reward_func=reference, args=comlrl_args(tmp_path), train_dataset=prompts_dataset
+    )
+    trainer.save_model(str(tmp_path / "final"))
+    for i in range(2):
+        assert AutoModelForCausalLM.from_pretrained(tmp_path / "final" / f"agent_{i}").config.model_type == "qwen2"
+
+
+def test_eval_logger_needs_its_aggregator(tmp_path, tiny_path, prompts_dataset):
+    with pytest.raises(ValueError, match="pass both"):
+        MAGRPOTrainer(
+            agent_model=tiny_path,
+            reward_func=reference,
+            args=comlrl_args(tmp_path),
+            train_dataset=prompts_dataset,
+            eval_logger=lambda **kw: [],
+        )
+
+
+def test_agent_model_must_be_a_name(tmp_path, tiny_path, prompts_dataset):
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with pytest.raises(ValueError, match="`agent_model` must be a model id or path"):
+        MAGRPOTrainer(
+            agent_model=model, reward_func=reference, args=comlrl_args(tmp_path), train_dataset=prompts_dataset
+        )
