@@ -69,7 +69,7 @@ def test_reward_processor_applies_to_the_joint_reward(tmp_path, tiny_path, promp
     processed = torch.tensor([(r + 20.0) ** 2 for r in id_reward(None, None, list(zip(*ids)))]).view(-1, G)
     expected = (processed - processed.mean(1, keepdim=True)).flatten()  # scale_rewards="none": centered only
     torch.testing.assert_close(output["agent_0/advantages"], expected, rtol=1e-4, atol=1e-4)
-    assert trainer._metrics["train"]["reward"][-1] == torch.tensor(processed).mean().item()
+    assert trainer._metrics["train"]["reward"][-1] == processed.mean().item()
 
 
 def test_none_reward_means_no_reward(tmp_path, tiny_path, prompts_dataset):

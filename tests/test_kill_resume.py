@@ -18,26 +18,27 @@ MAX_STEPS = 6  # the script's; it saves every 2 steps
 TIMEOUT = 300
 
 
-def start(out_dir: Path, mode: str) -> subprocess.Popen:
+def start(out_dir: Path, mode: str, kind: str = "full") -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    command = [sys.executable, str(SCRIPT), str(out_dir), mode, kind]
     with open(out_dir / f"{mode}.log", "w") as log:  # a file, not a pipe nobody reads, which could block the run
-        return subprocess.Popen([sys.executable, str(SCRIPT), str(out_dir), mode], stdout=log, stderr=log, env=env)
+        return subprocess.Popen(command, stdout=log, stderr=log, env=env)
 
 
 def log_tail(out_dir: Path, mode: str) -> str:
     return (out_dir / f"{mode}.log").read_text()[-3000:]
 
 
-def run(out_dir: Path, mode: str) -> int:
-    process = start(out_dir, mode)
+def run(out_dir: Path, mode: str, kind: str = "full") -> int:
+    process = start(out_dir, mode, kind)
     try:
         return process.wait(timeout=TIMEOUT)
     finally:
         process.kill()
 
 
-def resume(out_dir: Path) -> dict:
-    assert run(out_dir, "resume") == 0, log_tail(out_dir, "resume")
+def resume(out_dir: Path, kind: str = "full") -> dict:
+    assert run(out_dir, "resume", kind) == 0, log_tail(out_dir, "resume")
     return json.loads((out_dir / "result.json").read_text())
 
 
@@ -53,11 +54,19 @@ def checkpoint_step(path: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> dict:
-    out_dir = tmp_path_factory.mktemp("straight")
-    assert run(out_dir, "straight") == 0, log_tail(out_dir, "straight")
-    assert json.loads((out_dir / "result.json").read_text())["steps"] == list(range(1, MAX_STEPS + 1))
-    return torch.load(out_dir / "weights.pt")
+def straight(tmp_path_factory):
+    """The uninterrupted run's final weights, per team kind (run once per kind)."""
+    runs = {}
+
+    def weights(kind: str = "full") -> dict:
+        if kind not in runs:
+            out_dir = tmp_path_factory.mktemp(f"straight-{kind}")
+            assert run(out_dir, "straight", kind) == 0, log_tail(out_dir, "straight")
+            assert json.loads((out_dir / "result.json").read_text())["steps"] == list(range(1, MAX_STEPS + 1))
+            runs[kind] = torch.load(out_dir / "weights.pt")
+        return runs[kind]
+
+    return weights
 
 
 def test_killed_mid_run_resumes_to_the_same_weights(tmp_path, straight):
@@ -80,21 +89,23 @@ def test_killed_mid_run_resumes_to_the_same_weights(tmp_path, straight):
     result = resume(tmp_path)
     assert result["steps"] == list(range(checkpoint_step(last) + 1, MAX_STEPS + 1)), "did not resume from " + last
     assert result["global_step"] == MAX_STEPS
-    assert_same_weights(tmp_path, straight)
+    assert_same_weights(tmp_path, straight())
 
 
-def test_killed_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, straight):
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_killed_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, straight, kind):
     # The script kills itself in the save at step 4, once both agents are written and before the optimizer is.
-    assert run(tmp_path, "die-in-save") == -signal.SIGKILL, log_tail(tmp_path, "die-in-save")
+    assert run(tmp_path, "die-in-save", kind) == -signal.SIGKILL, log_tail(tmp_path, "die-in-save")
     run_dir = tmp_path / "run"
-    half_saved = [p for p in run_dir.rglob("model.safetensors") if "checkpoint-2" not in p.parts]
+    # model.safetensors, or adapter_model.safetensors for the LoRA team
+    half_saved = [p for p in run_dir.rglob("*model.safetensors") if "checkpoint-2" not in p.parts]
     assert len(half_saved) == 2, "the process did not die during the second save"
     assert not (run_dir / "checkpoint-4").exists()
     assert get_last_checkpoint(str(run_dir)) == str(run_dir / "checkpoint-2")
 
-    result = resume(tmp_path)
+    result = resume(tmp_path, kind)
     assert result["steps"] == [3, 4, 5, 6]
     assert result["global_step"] == MAX_STEPS
-    assert_same_weights(tmp_path, straight)
+    assert_same_weights(tmp_path, straight(kind))
     # The unfinished save's files are gone; the checkpoints are the uninterrupted run's.
     assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]

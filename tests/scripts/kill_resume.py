@@ -1,8 +1,8 @@
 """Trains a 2-agent tiny team for `MAX_STEPS` steps, saving every `SAVE_STEPS`, for tests/test_kill_resume.py.
 
-Usage: `python tests/scripts/kill_resume.py OUT_DIR MODE`. The trainer's output dir is `OUT_DIR/run`; a run that ends
-writes the agents' final weights to `OUT_DIR/weights.pt`, and its global step and the steps it ran to
-`OUT_DIR/result.json`. MODE:
+Usage: `python tests/scripts/kill_resume.py OUT_DIR MODE [KIND]`. The trainer's output dir is `OUT_DIR/run`; a run
+that ends writes the team's final weights to `OUT_DIR/weights.pt`, and its global step and the steps it ran to
+`OUT_DIR/result.json`. KIND: `full` (separate models, the default) or `lora` (one LoRA adapter per agent). MODE:
 
 - `straight`: train from scratch.
 - `slow`: train from scratch, sleeping after every step, so the test has time to kill it mid-run.
@@ -19,6 +19,7 @@ import time
 
 import torch
 from datasets import Dataset
+from peft import LoraConfig
 from transformers import TrainerCallback
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
@@ -43,7 +44,7 @@ class RecordSteps(TrainerCallback):
         time.sleep(self.sleep)
 
 
-def main(out_dir: str, mode: str) -> None:
+def main(out_dir: str, mode: str, kind: str = "full") -> None:
     torch.set_num_threads(1)  # the matrices are tiny: more threads only contend, and slow the run down a lot
     prompts = ["Describe a city in the clouds:", "Invent a new holiday:", "Tell a joke about dinosaurs:"]
     dataset = Dataset.from_dict({"prompt": [f"{p} {i}" for i in range(4) for p in prompts]})
@@ -68,6 +69,7 @@ def main(out_dir: str, mode: str) -> None:
         args=args,
         train_dataset=dataset,
         callbacks=[steps],
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if kind == "lora" else None,
     )
     if mode == "die-in-save":
         save_optimizer_and_scheduler = trainer._save_optimizer_and_scheduler
@@ -83,12 +85,11 @@ def main(out_dir: str, mode: str) -> None:
 
     trainer.train(resume_from_checkpoint=True if mode == "resume" else None)
 
-    team = trainer.model
-    weights = {f"{i}.{name}": p.detach().clone() for i in range(2) for name, p in team.agents[i].named_parameters()}
+    weights = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}  # every agent's (and base)
     torch.save(weights, os.path.join(out_dir, "weights.pt"))
     with open(os.path.join(out_dir, "result.json"), "w") as f:
         json.dump({"global_step": trainer.state.global_step, "steps": steps.steps}, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])
