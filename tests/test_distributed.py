@@ -11,13 +11,9 @@ import torch
 
 from multiagent_trl import MultiAgentGRPOTrainer
 
-from .conftest import small_args
+from .conftest import length_ratio, small_args
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_team.py"
-
-
-def ratio(completions1, completions2):
-    return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
 
 
 @pytest.mark.parametrize("kind", ["full", "lora", "multiturn"])
@@ -34,6 +30,8 @@ def test_two_processes_train_the_same_team(tmp_path, tiny_path, kind):
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world"] for r in ranks] == [2, 2]
     assert ranks[0]["fingerprint"] == ranks[1]["fingerprint"], "the ranks' agents diverged"
+    for i in range(2):  # and they agree by training in step, not by not training
+        assert all(a != b for a, b in zip(ranks[0]["initial"][i], ranks[0]["fingerprint"][i], strict=True)), i
     for rank in ranks:  # every joint sample pairs both agents' completions of the same row
         assert rank["seen"], "no joint sample was scored"
         for prompt_0, prompt_1, row_id in rank["seen"]:
@@ -45,23 +43,29 @@ def test_two_processes_train_the_same_team(tmp_path, tiny_path, kind):
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_gradient_accumulation_matches_the_full_batch(tmp_path, tiny_path, prompts_dataset, loss_type):
-    weights = []
+    weights, initial = [], None
     for batch_size, accumulation in ((8, 1), (4, 2)):
         args = small_args(
             tmp_path, num_agents=2, max_steps=1, loss_type=loss_type,
             per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
         )  # fmt: skip
-        trainer = MultiAgentGRPOTrainer(model=tiny_path, reward_funcs=ratio, args=args, train_dataset=prompts_dataset)
+        trainer = MultiAgentGRPOTrainer(
+            model=tiny_path, reward_funcs=length_ratio, args=args, train_dataset=prompts_dataset
+        )
+        initial = [[p.detach().clone() for p in trainer.model.agent_parameters(i)] for i in range(2)]
         trainer.train()
         weights.append([[p.detach().clone() for p in trainer.model.agent_parameters(i)] for i in range(2)])
     for i in range(2):
-        for full, accumulated in zip(weights[0][i], weights[1][i]):
+        for full, accumulated, start in zip(weights[0][i], weights[1][i], initial[i], strict=True):
             torch.testing.assert_close(accumulated, full, rtol=1e-4, atol=1e-6)
+            assert not torch.equal(full, start)  # the step moved the weights: equal by not training proves nothing
 
 
 def test_bf16_step_on_cpu(tmp_path, tiny_path, prompts_dataset):
     args = small_args(tmp_path, num_agents=2, max_steps=1, bf16=True, use_cpu=True)
-    trainer = MultiAgentGRPOTrainer(model=tiny_path, reward_funcs=ratio, args=args, train_dataset=prompts_dataset)
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path, reward_funcs=length_ratio, args=args, train_dataset=prompts_dataset
+    )
     assert trainer.accelerator.mixed_precision == "bf16"
     before = [[p.detach().clone() for p in trainer.model.agent_parameters(i)] for i in range(2)]
     trainer.train()

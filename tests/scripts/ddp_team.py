@@ -1,8 +1,8 @@
 """Trains a 2-agent tiny team under `accelerate launch --num_processes 2` and writes what the test checks.
 
-Each rank writes `rank{r}.json`: a fingerprint of every agent's weights at the end, and every joint sample its reward
-function scored (the row id carried in the prompt, with each agent's prompt), so the test can check that ranks agree
-and that no tuple paired one row's completion with another row's.
+Each rank writes `rank{r}.json`: a fingerprint of every agent's weights before and after training, and every joint
+sample its reward function scored (the row id carried in the prompt, with each agent's prompt), so the test can check
+that ranks agree, that training moved the weights, and that no tuple paired one row's completion with another row's.
 """
 
 import json
@@ -49,12 +49,17 @@ def main(out_dir: str, kind: str) -> None:
         peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]) if kind == "lora" else None,
         external_transition=lambda row, histories, turn: [f"{agent} Row {row['row_id']}: again." for agent in "AB"],
     )
-    trainer.train()
     team = trainer.model
-    fingerprint = [[float(p.detach().double().sum()) for p in team.agent_parameters(i)] for i in range(2)]
+
+    def fingerprint():
+        return [[float(p.detach().double().sum()) for p in team.agent_parameters(i)] for i in range(2)]
+
+    initial = fingerprint()
+    trainer.train()
     accelerator = trainer.accelerator
     with open(f"{out_dir}/rank{accelerator.process_index}.json", "w") as f:
-        json.dump({"fingerprint": fingerprint, "seen": seen, "world": accelerator.num_processes}, f)
+        result = {"initial": initial, "fingerprint": fingerprint(), "seen": seen, "world": accelerator.num_processes}
+        json.dump(result, f)
 
 
 if __name__ == "__main__":
