@@ -105,6 +105,13 @@ class Settings:
     temperature: float = field(default=0.6, metadata={"help": "Sampling temperature."})
     top_p: float = field(default=0.6, metadata={"help": "Nucleus sampling probability."})
     top_k: int = field(default=50, metadata={"help": "Top-k sampling."})
+    advantage_modes: list[str] = field(
+        default_factory=lambda: ["mean", "raw", "rloo"],
+        metadata={"help": "CoMLRL advantage_mode values to compare (mean, raw, max, rloo), each a full comparison."},
+    )
+    advantage_normalization: bool = field(
+        default=True, metadata={"help": "CoMLRL's advantage_normalization, in both libraries."}
+    )
     ours_optimizer: str = field(
         default="matched",
         metadata={
@@ -143,7 +150,7 @@ def seed_everything(seed: int, threads: int) -> None:
     torch.manual_seed(seed)
 
 
-def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str) -> dict:
+def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str, advantage_mode: str) -> dict:
     """multiagent_trl: per-step joint rewards from `log_history`, plus every raw reward (cross-check)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -169,6 +176,9 @@ def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str) 
         top_p=settings.top_p,
         top_k=settings.top_k,
         rollout_buffer_size=settings.rollout_buffer_size,
+        advantage_mode=advantage_mode,
+        advantage_normalization=settings.advantage_normalization,
+        eval_interval=0,
         seed=seed,
         report_to="none",
         save_strategy="no",
@@ -198,7 +208,7 @@ def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str) 
     }
 
 
-def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str) -> dict:
+def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str, advantage_mode: str) -> dict:
     """CoMLRL: every raw reward its reward function returns (one call per aligned joint sample)."""
     os.environ.setdefault("WANDB_MODE", "disabled")
     from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
@@ -221,6 +231,8 @@ def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str
         joint_mode="aligned",
         eval_interval=0,
         rollout_buffer_size=settings.rollout_buffer_size,
+        advantage_mode=advantage_mode,
+        advantage_normalization=settings.advantage_normalization,
     )
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     agents = [AutoModelForCausalLM.from_pretrained(model_path) for _ in range(2)]
@@ -244,17 +256,19 @@ def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str
 def run_worker(args: WorkerArguments, settings: Settings) -> None:
     train = train_ours if args.worker == "multiagent_trl" else train_comlrl
     with tempfile.TemporaryDirectory() as output_dir:
-        result = train(settings, args.model_path, args.seed, output_dir)
+        result = train(settings, args.model_path, args.seed, output_dir, args.advantage_mode)
     Path(args.out).write_text(json.dumps(result))
 
 
 # ---------------------------------------------------------------------------------------------------------- driver
 
 
-def launch(library: str, python: str, settings: Settings, model_path: str, seed: int, workdir: Path) -> dict:
+def launch(
+    library: str, python: str, settings: Settings, model_path: str, seed: int, workdir: Path, mode: str
+) -> dict:
     """Run one library's training in a subprocess under its own interpreter; return its result with wall time."""
-    out = workdir / f"{library}-seed{seed}.json"
-    log = workdir / f"{library}-seed{seed}.log"
+    out = workdir / f"{library}-{mode}-seed{seed}.json"
+    log = workdir / f"{library}-{mode}-seed{seed}.log"
     command = [
         python,
         os.path.abspath(__file__),
@@ -266,6 +280,8 @@ def launch(library: str, python: str, settings: Settings, model_path: str, seed:
         str(seed),
         "--out",
         str(out),
+        "--advantage-mode",
+        mode,
         *settings_to_flags(settings),
     ]
     threads = str(settings.threads)
@@ -286,7 +302,7 @@ def launch(library: str, python: str, settings: Settings, model_path: str, seed:
         raise RuntimeError(f"{library} (seed {seed}) failed with exit code {code}; log tail:\n{tail}")
     result = json.loads(out.read_text())
     result["process_seconds"] = wall
-    print(f"  done: {library} seed {seed}, {wall:.0f} s", flush=True)
+    print(f"  done: {library} advantage_mode={mode} seed {seed}, {wall:.0f} s", flush=True)
     return result
 
 
@@ -329,11 +345,14 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):6.1f} ± {statistics.stdev(values):4.1f}"
 
 
-def print_report(curves: dict[str, list[list[float]]], results: dict[str, list[dict]], settings: Settings) -> None:
+def print_report(
+    curves: dict[str, list[list[float]]], results: dict[str, list[dict]], settings: Settings, mode: str
+) -> dict:
     size = settings.bin_samples
     seeds = ", ".join(map(str, settings.seeds))
     print(
-        f"\nJoint reward (x{REWARD_SCALE:g}) vs samples seen per agent; bins of {size} samples, mean ± std over "
+        f"\n=== advantage_mode={mode!r} (advantage_normalization={settings.advantage_normalization}) ===\n"
+        f"Joint reward (x{REWARD_SCALE:g}) vs samples seen per agent; bins of {size} samples, mean ± std over "
         f"seeds [{seeds}]"
     )
     print(f"{'samples':>8} | {'multiagent_trl':>15} | {'comlrl':>15} | {'ours/theirs':>11}")
@@ -369,25 +388,14 @@ def print_report(curves: dict[str, list[list[float]]], results: dict[str, list[d
         print(summary_row(label, ours, theirs))
     total = {library: sum(r["process_seconds"] for r in results[library]) for library in LIBRARIES}
     print(f"\nTotal wall time: multiagent_trl {total['multiagent_trl']:.0f} s, comlrl {total['comlrl']:.0f} s")
-    if settings.json_out:
-        Path(settings.json_out).write_text(
-            json.dumps(
-                {
-                    "settings": asdict(settings),
-                    "curves": curves,
-                    "summary": summary,
-                    "wall": {
-                        lib: [
-                            {k: r[k] for k in ("train_cpu_seconds", "train_seconds", "process_seconds")}
-                            for r in results[lib]
-                        ]
-                        for lib in LIBRARIES
-                    },
-                },
-                indent=1,
-            )
-        )
-        print(f"Results written to {settings.json_out}")
+    return {
+        "curves": curves,
+        "summary": summary,
+        "wall": {
+            lib: [{k: r[k] for k in ("train_cpu_seconds", "train_seconds", "process_seconds")} for r in results[lib]]
+            for lib in LIBRARIES
+        },
+    }
 
 
 def format_seeds(values: list[float | None]) -> str:
@@ -418,24 +426,30 @@ def run_driver(settings: Settings) -> None:
     pythons = {"multiagent_trl": sys.executable, "comlrl": settings.comlrl_python}
     print(f"Model: {model_path}\nSettings: {json.dumps(asdict(settings))}", flush=True)
     # CoMLRL's runs are the slower ones: start them first so that the runs in flight finish close together.
-    tasks = [(library, seed) for library in reversed(LIBRARIES) for seed in settings.seeds]
+    modes = settings.advantage_modes
+    tasks = [(library, mode, seed) for mode in modes for library in reversed(LIBRARIES) for seed in settings.seeds]
     with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(max_workers=settings.jobs) as pool:
         futures = {
-            task: pool.submit(launch, task[0], pythons[task[0]], settings, model_path, task[1], Path(workdir))
-            for task in tasks
+            (lib, mode, seed): pool.submit(launch, lib, pythons[lib], settings, model_path, seed, Path(workdir), mode)
+            for lib, mode, seed in tasks
         }
-        results = {library: [futures[library, seed].result() for seed in settings.seeds] for library in LIBRARIES}
-    curves: dict[str, list[list[float]]] = {library: [] for library in LIBRARIES}
-    for library in LIBRARIES:
-        for seed, result in zip(settings.seeds, results[library]):
-            rewards = per_sample_rewards(library, result, settings)
-            curves[library].append(binned(rewards, settings.bin_samples))
-            print(
-                f"  {library:15} seed {seed}: {len(rewards)} samples per agent, mean reward "
-                f"{statistics.fmean(rewards):.1f}, {result['process_seconds']:.0f} s",
-                flush=True,
-            )
-    print_report(curves, results, settings)
+        reports = {}
+        for mode in modes:
+            results = {lib: [futures[lib, mode, seed].result() for seed in settings.seeds] for lib in LIBRARIES}
+            curves: dict[str, list[list[float]]] = {library: [] for library in LIBRARIES}
+            for library in LIBRARIES:
+                for seed, result in zip(settings.seeds, results[library]):
+                    rewards = per_sample_rewards(library, result, settings)
+                    curves[library].append(binned(rewards, settings.bin_samples))
+                    print(
+                        f"  {library:15} {mode:5} seed {seed}: {len(rewards)} samples per agent, mean reward "
+                        f"{statistics.fmean(rewards):.1f}, {result['process_seconds']:.0f} s",
+                        flush=True,
+                    )
+            reports[mode] = print_report(curves, results, settings, mode)
+    if settings.json_out:
+        Path(settings.json_out).write_text(json.dumps({"settings": asdict(settings), "modes": reports}, indent=1))
+        print(f"Results written to {settings.json_out}")
 
 
 # ----------------------------------------------------------------------------------------------------------- flags
@@ -445,7 +459,7 @@ def settings_to_flags(settings: Settings) -> list[str]:
     """The shared flags, to hand the same settings to a worker."""
     flags = []
     for key, value in asdict(settings).items():
-        if key in ("seeds", "json_out", "comlrl_python", "jobs"):
+        if key in ("seeds", "json_out", "comlrl_python", "jobs", "advantage_modes"):
             continue
         flags += [f"--{key.replace('_', '-')}", str(value)]
     return flags
@@ -459,6 +473,7 @@ class WorkerArguments:
     model_path: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
     seed: int = field(default=0, metadata={"help": argparse.SUPPRESS})
     out: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
+    advantage_mode: str = field(default="mean", metadata={"help": argparse.SUPPRESS})
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[WorkerArguments, Settings]:

@@ -59,3 +59,12 @@ def baseline_advantages(
     elif scale_rewards != "none":
         raise ValueError(f"Unknown scale_rewards {scale_rewards!r}: use 'group', 'batch' or 'none'.")
     return torch.nan_to_num(advantages, nan=0.0).flatten()
+
+
+def local_baseline_advantages(trainer, rewards: torch.Tensor) -> torch.Tensor:
+    """This process's slice of the advantages of `rewards` (gathered, one per sample of the generation batch) under
+    `trainer.args.advantage_baseline`, with the group size of the current mode."""
+    group = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
+    advantages = baseline_advantages(rewards, group, trainer.args.advantage_baseline, trainer.scale_rewards)
+    size = len(advantages) // trainer.accelerator.num_processes
+    return advantages[trainer.accelerator.process_index * size :][:size]

@@ -144,10 +144,10 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
         default="none",
         metadata={"help": "'none' (Accelerate's placement) or 'mp' (each agent on its own device, one process)."},
     )
-    agent_devices: Any = field(
+    agent_devices: list[str] | None = field(
         default=None, metadata={"help": "With parallel_training='mp': one device per agent, one for all, or 'auto'."}
     )
-    reference_devices: Any = field(
+    reference_devices: list[str] | None = field(
         default=None, metadata={"help": "With reference_kl_enabled and 'mp': devices of the reference models."}
     )
 

@@ -79,6 +79,10 @@ class EvalRecorder:
 
     def record_rewards(self, joint: torch.Tensor) -> None:
         """Record one turn's joint rewards (already gathered across processes)."""
+        if len(joint) != len(self._active):  # cross tuples: G**N rewards per prompt, no single one per trajectory
+            raise NotImplementedError(
+                "Trajectory metrics with `joint_mode='cross'` need one trajectory per prompt (num_generations_eval=1)."
+            )
         for j, (reward, a) in enumerate(zip(joint.tolist(), self._active, strict=True)):
             if a:
                 self.trajectories.rewards[self._batch_start + j].append(reward)

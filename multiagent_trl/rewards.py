@@ -288,15 +288,18 @@ def weighted_sum(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch
     return total
 
 
-def pop_agent_rewards(reward_funcs: Sequence, rewards_per_func: torch.Tensor, num_agents: int, accelerator):
+def pop_agent_rewards(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor | None:
     """Each agent's own rewards `(rows, F, N)` (gathered), from the functions that returned one per agent in their
     last call, and the joint reward (`rewards_per_func`, gathered) broadcast for the others. `None` when no function
-    returned per-agent rewards on any process."""
+    returned per-agent rewards on any process (and always for a team of one)."""
+    num_agents, accelerator = trainer.num_agents, trainer.accelerator
+    if num_agents == 1:
+        return None
     local_rows = len(rewards_per_func) // accelerator.num_processes
     start = accelerator.process_index * local_rows
     local = rewards_per_func[start : start + local_rows].unsqueeze(2).repeat(1, 1, num_agents)  # (rows, F, N)
     found = torch.zeros(1, device=rewards_per_func.device)
-    for k, func in enumerate(reward_funcs):
+    for k, func in enumerate(trainer.reward_funcs):
         values = getattr(func, "agent_rewards", None)
         if values is not None:
             func.agent_rewards = None
@@ -305,7 +308,17 @@ def pop_agent_rewards(reward_funcs: Sequence, rewards_per_func: torch.Tensor, nu
             found += 1
     if accelerator.gather(found).sum() == 0:  # the same answer on every process, so all gather or none
         return None
+    if trainer.args.num_turns > 1:
+        raise NotImplementedError("Per-agent rewards work with `num_turns=1` only; return one reward per sample.")
     return accelerator.gather(local)
+
+
+def with_rows(reward_funcs: Sequence, rows: list[dict]) -> list[dict]:
+    """`rows`, each also holding itself under `ROWS_COLUMN` when a function takes CoMLRL's `batch_items=` (TRL hands
+    the functions the rows' columns, not the rows)."""
+    if not any(getattr(f, "wants_rows", False) for f in reward_funcs):
+        return rows
+    return [{**row, ROWS_COLUMN: row} for row in rows]
 
 
 class RewardProcessor:

@@ -34,7 +34,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
 from . import sharding
-from .advantages import baseline_advantages
+from .advantages import local_baseline_advantages
 from .agent_state import agent_views, load_entropy_states, save_entropy_states
 from .checkpointing import save_atomically
 from .config import MultiAgentGRPOConfig
@@ -42,7 +42,6 @@ from .evaluation import EvalRecorder, EvalTrajectories, decoding
 from .loading import add_adapters, add_reference_adapter, load_agents, load_processing_classes, reference_copies
 from .placement import place_agents
 from .rewards import (
-    ROWS_COLUMN,
     apply_processor,
     bind_reward_funcs,
     credit_columns,
@@ -51,6 +50,7 @@ from .rewards import (
     flush_reward_logs,
     pop_agent_rewards,
     weighted_sum,
+    with_rows,
 )
 from .rollouts import Replay, Rollout
 from .team import AgentTeam, LoraAgentTeam
@@ -71,6 +71,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     - `_generate`, `_generate_single_turn`, `_calculate_rewards`: replay what was computed jointly (or generated
       for all LoRA agents in one batch), inside the per-agent pass (`rollouts.Replay`).
     - `_compute_loss`: the sum of the agents' own GRPO losses, with one backward per agent.
+    - `evaluation_loop`: with `record_eval_trajectories`, hands every evaluated episode to `trajectory_metrics`.
     - `create_optimizer`, `_clip_grad_norm`: one parameter group per agent (per-agent learning rates) and gradient
       clipping per agent, so one agent's large gradient does not shrink another's update.
     - `log`: per-agent metrics under `agent_{i}/...`; the joint `reward` and `reward_std` at the top level.
@@ -393,12 +394,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             with self._agent_view(i), self._swap(**swapped):
                 outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
             if self.args.advantage_baseline != "mean":  # TRL computed GRPO's; replace them with the baseline's
-                size, group = len(outputs[-1]["advantages"]), self.num_generations
-                if not self.model.training:
-                    group = self.num_generations_eval
-                rewards = weighted_sum(credited[i], weights)
-                advantages = baseline_advantages(rewards, group, self.args.advantage_baseline, self.scale_rewards)
-                outputs[-1]["advantages"] = advantages[self.accelerator.process_index * size :][:size]
+                outputs[-1]["advantages"] = local_baseline_advantages(self, weighted_sum(credited[i], weights))
         return outputs
 
     def _joint_rewards(self, inputs, agent_inputs, rollouts, num_generations, mode: str, prefix: str = ""):
@@ -420,18 +416,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 return [per_agent[0][t[0]] for t in tuples]
             return [tuple(values[k] for values, k in zip(per_agent, t, strict=True)) for t in tuples]
 
-        rows = [inputs[t[0]] for t in tuples]
-        if any(getattr(f, "wants_rows", False) for f in self.reward_funcs):  # CoMLRL's `batch_items=`
-            rows = [{**row, ROWS_COLUMN: row} for row in rows]
+        rows = with_rows(self.reward_funcs, [inputs[t[0]] for t in tuples])  # rows as a column, if a function asks
         completions = joint([r.completions for r in rollouts])
         rewards = self._calculate_rewards(
             rows, joint(prompts), completions, joint([r.completion_ids for r in rollouts])
         )
-        self._agent_rewards = None
-        if self.num_agents > 1:
-            self._agent_rewards = pop_agent_rewards(self.reward_funcs, rewards, self.num_agents, self.accelerator)
-            if self._agent_rewards is not None and self.args.num_turns > 1:
-                raise NotImplementedError("Per-agent rewards are supported with `num_turns=1` only; return one each.")
+        self._agent_rewards = pop_agent_rewards(self, rewards)  # where functions scored each agent on its own
         if self._eval_recorder is not None and mode == "eval":
             self._eval_recorder.record_turn(int(prefix[5:-1] or 0), inputs, agent_inputs, rollouts)
         return rewards, flush_reward_logs(self, mode, prefix, len(tuples))

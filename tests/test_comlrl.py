@@ -479,13 +479,13 @@ def test_checkpoints_every_interval_epochs_and_resume(tmp_path, tiny_path):
 
     checkpoints = tmp_path / "ckpt"
     trainer = make()
-    (checkpoints / "checkpoint-1").mkdir(parents=True)  # an older run's, removed by the limit below
     trainer.train(checkpoint_dir=str(checkpoints), checkpoint_interval=2)
     assert sorted(p.name for p in checkpoints.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]  # 2 and last
     assert (checkpoints / "checkpoint-2" / "agent_1" / "config.json").is_file()
 
     # Resumed from epoch 2, the run trains the remaining epoch; a limit of 1 keeps the last checkpoint only.
     resumed, again = make(), tmp_path / "again"
+    (again / "checkpoint-1").mkdir(parents=True)  # an older run's, removed by the limit
     resumed.train(
         resume_from_checkpoint=str(checkpoints / "checkpoint-2"),
         checkpoint_dir=str(again),

@@ -26,6 +26,10 @@ def test_comlrl_script_runs_with_only_its_imports_changed(tmp_path, tiny_path, m
     try:
         trainer, metrics = namespace["main"](tiny_path, str(tmp_path))
         assert wandb.run.config["dataset"] == {"name": "names", "type": "toy"}
+        # In wandb the evaluation metrics carry CoMLRL's own names (Trainer's `eval_` becomes `eval/` there).
+        summary = wandb.run.summary
+        assert summary["eval/turn_2/expected_return"] == metrics["eval_turn_2/expected_return"]
+        assert {"eval/turn_1/length_error", "eval/turn_1/reward_mean"} <= set(summary.keys())
     finally:
         wandb.finish()
 
