@@ -35,12 +35,13 @@ from trl.trainer.utils import nanstd
 
 from . import sharding
 from .advantages import baseline_advantages
-from .agent_state import agent_views, load_entropy_states, save_entropy_states
+from .agent_state import agent_views, load_entropy_states, same_generation_settings, save_entropy_states
 from .checkpointing import save_atomically
 from .config import MultiAgentGRPOConfig
 from .evaluation import EvalRecorder, EvalTrajectories, decoding
 from .loading import add_adapters, add_reference_adapter, load_agents, load_processing_classes, reference_copies
 from .placement import place_agents
+from .reference_sync import ReferenceSyncCallback, check_reference_sync
 from .rewards import (
     ROWS_COLUMN,
     apply_processor,
@@ -174,13 +175,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         shared_base = peft_config is not None and isinstance(model, (str, os.PathLike, nn.Module))
         models = load_agents(model, args, kwargs.get("quantization_config"), copies=not shared_base)
         num_agents = args.num_agents = (args.num_agents or 1) if shared_base else len(models)
-        trained_adapters = [m for m in models if isinstance(m, PeftModel)]
+        args.check_agent_settings(num_agents)  # before anything reads an agent's value
+        betas = [args.agent_setting("beta", i) for i in range(num_agents)]
+        trained_adapters = [m for m, beta in zip(models, betas) if isinstance(m, PeftModel) and beta != 0.0]
         models = add_adapters(
             models, _per_agent("peft_config", peft_config, num_agents, single=PeftConfig), shared_base
         )
-        if args.beta != 0.0:
-            for agent in trained_adapters:
-                add_reference_adapter(agent)
+        for agent in trained_adapters:
+            add_reference_adapter(agent)
+        check_reference_sync(args, models)
         processing_classes = load_processing_classes(processing_class, models, args)
         self._check_team_arguments(args, num_agents, shared_base, processing_classes, kwargs)
         if num_agents > 1 and args.ddp_find_unused_parameters is None:
@@ -201,13 +204,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         reward_funcs = bind_reward_funcs(reward_funcs, num_agents)
         self.reward_processor = reward_processor
 
-        # 3. TRL sets up agent 0 as its policy. It must not build a reference model (it would reload one from the
-        # model's path, which an in-memory model lacks, or add a second `ref` adapter): beta is hidden from it, and
-        # each agent's reference comes from `reference_copies` or its adapters.
-        beta = args.beta
-        ref_models = reference_copies(models, beta)
-        args.beta = 0.0
-        try:
+        # 3. TRL sets up agent 0 as its policy, with agent 0's per-agent settings. It must not build a reference model
+        # (it would reload one from the model's path, which an in-memory model lacks, or add a second `ref` adapter):
+        # beta is hidden from it, and each agent's reference comes from `reference_copies` or its adapters; so is
+        # `sync_ref_model` (each agent's reference is synced by `reference_sync.ReferenceSyncCallback`).
+        ref_models = reference_copies(models, betas[: len(models)])  # one model only on a shared base
+        with args.single_agent_view(0, beta=0.0, sync_ref_model=False):
             super().__init__(
                 model=models[0],
                 reward_funcs=reward_funcs,
@@ -219,9 +221,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 optimizers=optimizers,
                 **kwargs,
             )
-        finally:
-            args.beta = beta
-        self.beta = beta
+        self.beta = betas[0]
         self.num_agents = num_agents
 
         # 4. Each agent's own state (see `agent_state`), then "the model" that Trainer and Accelerate see: the team.
@@ -243,6 +243,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._replay: Replay | None = None
         self._agent_rewards: torch.Tensor | None = None  # (rows, F, N): the last joint pass's per-agent rewards
         self._eval_recorder: EvalRecorder | None = None
+        if args.sync_ref_model:
+            self.add_callback(ReferenceSyncCallback(self))
 
     @staticmethod
     def _check_team_arguments(args, num_agents: int, shared_base: bool, processing_classes: list, kwargs) -> None:
@@ -365,7 +367,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return rollouts
 
     def _batched_generation(self) -> bool:
-        return isinstance(self.model, LoraAgentTeam) and self.num_agents > 1 and self.args.generation_mode == "batched"
+        return (
+            isinstance(self.model, LoraAgentTeam)
+            and self.num_agents > 1
+            and self.args.generation_mode == "batched"
+            and same_generation_settings(self._agent_views)  # else one agent at a time (logged once, at __init__)
+        )
 
     def _generate_batched(self, prompts: list[list]) -> list[list[list[int]]]:
         """Generate for all LoRA agents in one `generate` call (a mixed-adapter batch); one list of completion ids
