@@ -88,7 +88,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             Joint reward functions, CoMLRL style `f(completions1, ..., completionsN)` or TRL style
             `f(prompts, completions, **kwargs)` with `completions[j]` the tuple of the agents' completions of
             joint sample j (with one agent, the plain completion, as in TRL). Several combine with
-            `args.reward_weights`. With one agent, TRL's reward models (sequence classifiers) work too.
+            `args.reward_weights`. TRL's reward models (a sequence-classifier id, path or model, with its tokenizer
+            from `reward_processing_classes`) work too: with several agents each scores the text `joint_text` builds
+            from a joint sample (see `multiagent_trl.reward_models`).
         args ([`MultiAgentGRPOConfig`], *optional*):
             Configuration; `None` uses the defaults.
         train_dataset, eval_dataset ([`~datasets.Dataset`], *optional*):
@@ -111,6 +113,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             dataset row, each agent's completions so far (`histories[i]`, turns 0..turn) and the index of the turn
             just played, return each agent's prompt for the next turn. CoMLRL's keyword convention works too (see
             `multiagent_trl.turns`).
+        joint_text (callable, *optional*):
+            For reward models in `reward_funcs` with several agents: `joint_text(prompts, completions) -> str` builds
+            the text a reward model scores from one joint sample (`prompts[i]` and `completions[i]` are agent i's).
+            `None` uses `reward_models.default_joint_text` (the prompt, then each agent's completion under an
+            `[agent_i]` header).
         **kwargs:
             Other `GRPOTrainer` arguments (`reward_processing_classes`, `quantization_config`, ...).
 
@@ -154,6 +161,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         reward_processor: Callable[[float], float] | None = None,
         formatters: Callable | Sequence[Callable] | None = None,
         external_transition: Callable | None = None,
+        joint_text: Callable | None = None,
         **kwargs,
     ):
         if model is None:
@@ -201,7 +209,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._transition_style = transition_style(external_transition) if external_transition is not None else None
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             _check_prompt_column(name, dataset, self.formatters)
-        reward_funcs = bind_reward_funcs(reward_funcs, num_agents)
+        reward_funcs, kwargs["reward_processing_classes"] = bind_reward_funcs(
+            reward_funcs, num_agents, kwargs.get("reward_processing_classes"), args, joint_text
+        )
         self.reward_processor = reward_processor
 
         # 3. TRL sets up agent 0 as its policy, with agent 0's per-agent settings. It must not build a reference model
