@@ -30,6 +30,7 @@ from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
 from . import sharding
 from .config import AGENT_SETTINGS
+from .tools import TOOL_STATE
 
 if TYPE_CHECKING:
     from .trainer import MultiAgentGRPOTrainer
@@ -65,6 +66,7 @@ PER_AGENT: dict[str, str] = {
     "entropy_coef": "the agent's adaptive entropy coefficient",
     "_last_world_entropy": "the agent's entropy at its last optimizer step (adaptive entropy control)",
     "_entropy_window_stats": "the agent's entropy sums over the accumulation window (adaptive entropy control)",
+    **TOOL_STATE,  # filled in by `tools.TeamTools.install`: TRL's tool-calling loop then runs per agent
 }
 
 # The team's: one value for all agents.
@@ -108,23 +110,12 @@ SHARED: dict[str, str] = {
     "log_unique_prompts": "logging setting from the config",
     "num_completions_to_print": "logging setting from the config",
     "commit_scheduler": "uploads of the team's completion logs",
+    "max_tool_calling_iterations": "the tool-calling rounds every agent may take, from the config",
 }
 
 # Features that a team rejects at construction (`MultiAgentGRPOTrainer` raises for N > 1): TRL's values are kept
 # for a team of one.
 UNUSED_BY_TEAMS: dict[str, str] = {
-    "tools": "tools",
-    "_standalone_tools": "tools",
-    "max_tool_calling_iterations": "tools",
-    "_sync_tool_dicts": "tools",
-    "_async_tool_dicts": "tools",
-    "environment_factories": "environments",
-    "_multi_environment": "environments",
-    "_env_tools": "environments",
-    "_environment_pool": "environments",
-    "environments": "environments",
-    "_batch_environments": "environments",
-    "rollout_func": "custom rollouts",
     "use_vllm": "vLLM",
     "vllm_generation": "vLLM",
     "vllm_mode": "vLLM",
@@ -254,7 +245,8 @@ def agent_views(
     """One `PER_AGENT` dict per agent. `GRPOTrainer.__init__` has prepared `models[0]` (and, on a shared base, every
     agent's model) with agent 0's settings: agent 0 takes the trainer's values, agents on the shared base take them
     with their own settings, and the other agents are prepared here."""
-    prepared = {name: getattr(trainer, name) for name in PER_AGENT}
+    # The tool state is filled in afterwards (`tools.TeamTools.install`); TRL sets some of it only per batch.
+    prepared = {name: getattr(trainer, name) for name in PER_AGENT if name not in TOOL_STATE}
     views = []
     for i, (model, processing_class, ref_model) in enumerate(zip(models, processing_classes, ref_models, strict=True)):
         if i == 0:

@@ -55,6 +55,7 @@ from .rewards import (
 )
 from .rollouts import Replay, Rollout
 from .team import AgentTeam, LoraAgentTeam
+from .tools import REPLAY_STATE, TeamTools
 from .turns import completion_text, play_episodes, transition_style
 
 
@@ -194,6 +195,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         check_reference_sync(args, models)
         processing_classes = load_processing_classes(processing_class, models, args)
         self._check_team_arguments(args, num_agents, shared_base, processing_classes, kwargs)
+        team_tools = TeamTools.from_arguments(kwargs, num_agents, args)  # a team's tools go to the agents' views
         if num_agents > 1 and args.ddp_find_unused_parameters is None:
             # Each agent's forward and backward leaves the other agents' parameters unused (DDP must be told).
             args.ddp_find_unused_parameters = True
@@ -239,6 +241,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             models, ref_models = models * num_agents, ref_models * num_agents
             processing_classes = [self.processing_class] * num_agents
         self._agent_views = agent_views(self, models, processing_classes, ref_models, shared_base)
+        self._team_tools = team_tools
+        team_tools.install(self)
         if shared_base:
             team = LoraAgentTeam(models[0], [f"agent_{i}" for i in range(num_agents)])
         else:
@@ -258,10 +262,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     @staticmethod
     def _check_team_arguments(args, num_agents: int, shared_base: bool, processing_classes: list, kwargs) -> None:
-        if num_agents > 1:
-            unsupported = [k for k in ("tools", "rollout_func", "environment_factory") if kwargs.get(k) is not None]
-            if unsupported:
-                raise NotImplementedError(f"{unsupported} are supported with one agent only.")
         if args.agent_learning_rates is not None and len(args.agent_learning_rates) != num_agents:
             raise ValueError(
                 f"`agent_learning_rates` has {len(args.agent_learning_rates)} values for {num_agents} agents: give "
@@ -341,6 +341,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
+        agent_inputs = self._team_tools.begin_batch(self, inputs, agent_inputs)  # environments reset, tools bound
         if self.args.num_turns > 1:
             return play_episodes(self, inputs, agent_inputs, mode, num_generations)
 
@@ -407,6 +408,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             swapped = dict(
                 _replay=replay, reward_func_names=names, reward_weights=weights, reward_funcs=[None] * len(names)
             )
+            swapped.update(REPLAY_STATE)  # the rollout's environments and tools were used in step 1
             with self._agent_view(i), self._swap(**swapped):
                 outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
             if self.args.advantage_baseline != "mean":  # TRL computed GRPO's; replace them with the baseline's
