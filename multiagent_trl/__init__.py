@@ -14,6 +14,7 @@ from .config import MultiAgentGRPOConfig
 from .rewards import RewardProcessor, RewardProcessors
 from .sandbox import ExecutionResult, Sandbox
 from .team import AgentTeam
+from .tools import shared_environment
 from .trainer import MultiAgentGRPOTrainer
 
 __version__ = "0.1.0"
@@ -34,4 +35,5 @@ __all__ = [
     "RewardProcessor",
     "RewardProcessors",
     "Sandbox",
+    "shared_environment",
 ]

@@ -13,8 +13,12 @@ is not sorted here, so a TRL upgrade that adds state fails in one named place in
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import logging
 import os
+import types
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from peft import PeftModel
@@ -25,9 +29,13 @@ from trl.models.utils import prepare_deepspeed
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
 from . import sharding
+from .config import AGENT_SETTINGS
+from .tools import TOOL_STATE
 
 if TYPE_CHECKING:
     from .trainer import MultiAgentGRPOTrainer
+
+logger = logging.getLogger(__name__)
 
 # Swapped in per agent. The first group is derived from the agent's model and tokenizer; `processing_class` is
 # `Trainer`'s attribute, listed because TRL reads it as the policy's.
@@ -41,6 +49,13 @@ PER_AGENT: dict[str, str] = {
     "eos_token_ids": "the agent's end-of-sequence tokens",
     "generation_config": "the agent's generation settings and special tokens",
     "generation_kwargs": "the agent's generation settings and special tokens",
+    "max_completion_length": "the agent's completion length (a per-agent setting)",
+    "temperature": "the agent's sampling temperature, also applied to its log-probs (a per-agent setting)",
+    "top_p": "the agent's sampling setting (a per-agent setting)",
+    "top_k": "the agent's sampling setting (a per-agent setting)",
+    "min_p": "the agent's sampling setting (a per-agent setting)",
+    "repetition_penalty": "the agent's sampling setting (a per-agent setting)",
+    "beta": "the agent's KL coefficient (a per-agent setting)",
     "router_aux_loss_coef": "the agent's MoE router loss coefficient (from its model config)",
     "aux_loss_enabled": "whether the agent's model returns router logits",
     "ref_model": "the agent's reference policy",
@@ -51,6 +66,7 @@ PER_AGENT: dict[str, str] = {
     "entropy_coef": "the agent's adaptive entropy coefficient",
     "_last_world_entropy": "the agent's entropy at its last optimizer step (adaptive entropy control)",
     "_entropy_window_stats": "the agent's entropy sums over the accumulation window (adaptive entropy control)",
+    **TOOL_STATE,  # filled in by `tools.TeamTools.install`: TRL's tool-calling loop then runs per agent
 }
 
 # The team's: one value for all agents.
@@ -75,15 +91,8 @@ SHARED: dict[str, str] = {
     "num_generations": "G, the group size every agent samples",
     "num_generations_eval": "G during evaluation",
     "num_iterations": "updates per generation batch",
-    "max_completion_length": "completion length (one for all agents)",
-    "temperature": "sampling temperature (one for all agents)",
-    "top_p": "sampling setting (one for all agents)",
-    "top_k": "sampling setting (one for all agents)",
-    "min_p": "sampling setting (one for all agents)",
-    "repetition_penalty": "sampling setting (one for all agents)",
     "chat_template_kwargs": "chat template arguments from the config",
     "pad_to_multiple_of": "padding from the config",
-    "beta": "KL coefficient (one for all agents)",
     "loss_type": "loss from the config",
     "epsilon_low": "clipping from the config",
     "epsilon_high": "clipping from the config",
@@ -101,23 +110,12 @@ SHARED: dict[str, str] = {
     "log_unique_prompts": "logging setting from the config",
     "num_completions_to_print": "logging setting from the config",
     "commit_scheduler": "uploads of the team's completion logs",
+    "max_tool_calling_iterations": "the tool-calling rounds every agent may take, from the config",
 }
 
 # Features that a team rejects at construction (`MultiAgentGRPOTrainer` raises for N > 1): TRL's values are kept
 # for a team of one.
 UNUSED_BY_TEAMS: dict[str, str] = {
-    "tools": "tools",
-    "_standalone_tools": "tools",
-    "max_tool_calling_iterations": "tools",
-    "_sync_tool_dicts": "tools",
-    "_async_tool_dicts": "tools",
-    "environment_factories": "environments",
-    "_multi_environment": "environments",
-    "_env_tools": "environments",
-    "_environment_pool": "environments",
-    "environments": "environments",
-    "_batch_environments": "environments",
-    "rollout_func": "custom rollouts",
     "use_vllm": "vLLM",
     "vllm_generation": "vLLM",
     "vllm_mode": "vLLM",
@@ -145,9 +143,39 @@ def initial_state(trainer: MultiAgentGRPOTrainer) -> dict[str, Any]:
     return state
 
 
-def model_state(trainer: MultiAgentGRPOTrainer, model: PreTrainedModel | PeftModel, processing_class) -> dict:
-    """Prepare one more agent's model the way `GRPOTrainer.__init__` prepares its policy, and return the agent's
-    model- and tokenizer-derived `PER_AGENT` values."""
+def settings_state(trainer: MultiAgentGRPOTrainer, index: int, tokenizer, eos_token_ids: list[int]) -> dict[str, Any]:
+    """Agent `index`'s per-agent settings (`config.AGENT_SETTINGS`), and its generation config built from them with
+    its tokenizer's special tokens, the way `GRPOTrainer.__init__` builds its own from the config."""
+    args = trainer.args
+    settings = {name: args.agent_setting(name, index) for name in AGENT_SETTINGS if name != "generation_kwargs"}
+    generation_kwargs = {
+        "max_new_tokens": settings["max_completion_length"],
+        "do_sample": True,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": eos_token_ids,
+        "temperature": settings["temperature"],
+        "top_p": settings["top_p"],
+        "top_k": settings["top_k"],
+        "min_p": settings["min_p"],
+        "repetition_penalty": settings["repetition_penalty"],
+        "cache_implementation": args.cache_implementation,
+    }
+    extra = args.agent_setting("generation_kwargs", index)
+    if extra:
+        generation_kwargs.update(extra)
+    return {
+        **settings,
+        "generation_config": GenerationConfig(**generation_kwargs, disable_compile=True),
+        "generation_kwargs": generation_kwargs,
+    }
+
+
+def model_state(
+    trainer: MultiAgentGRPOTrainer, index: int, model: PreTrainedModel | PeftModel, processing_class
+) -> dict:
+    """Prepare agent `index`'s model the way `GRPOTrainer.__init__` prepares its policy, and return the agent's
+    model- and tokenizer-derived `PER_AGENT` values, with its own settings."""
     args = trainer.args
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     if tokenizer.pad_token is None:
@@ -164,9 +192,10 @@ def model_state(trainer: MultiAgentGRPOTrainer, model: PreTrainedModel | PeftMod
         disable_dropout_in_model(model)
     if isinstance(model, PeftModel) and args.gradient_checkpointing:
         model.enable_input_require_grads()  # as GRPOTrainer does for its PEFT model
+    settings = settings_state(trainer, index, tokenizer, eos_token_ids)
     add_fused_lm_head(
         model.get_base_model() if isinstance(model, PeftModel) else model,
-        temperature=trainer.temperature,
+        temperature=settings["temperature"],
         cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
         outputs=("log_probs", "entropy"),
     )
@@ -174,13 +203,6 @@ def model_state(trainer: MultiAgentGRPOTrainer, model: PreTrainedModel | PeftMod
     text_config = model.config.get_text_config()
     coef = args.router_aux_loss_coef
     router_aux_loss_coef = getattr(text_config, "router_aux_loss_coef", 0.0) if coef is None else coef
-    # The team's generation settings with this agent's special tokens.
-    generation_kwargs = {
-        **trainer.generation_kwargs,
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": eos_token_ids,
-    }
     return {
         "processing_class": processing_class,
         "_tokenizer": tokenizer,
@@ -194,22 +216,22 @@ def model_state(trainer: MultiAgentGRPOTrainer, model: PreTrainedModel | PeftMod
             else None
         ),
         "eos_token_ids": eos_token_ids,
-        "generation_config": GenerationConfig(**generation_kwargs, disable_compile=True),
-        "generation_kwargs": generation_kwargs,
+        **settings,
         "router_aux_loss_coef": router_aux_loss_coef,
         "aux_loss_enabled": hasattr(text_config, "output_router_logits") and router_aux_loss_coef != 0.0,
     }
 
 
-def prepare_reference(trainer: MultiAgentGRPOTrainer, ref_model: PreTrainedModel | None) -> nn.Module | None:
-    """Prepare one agent's reference model as `GRPOTrainer.__init__` prepares its own."""
+def prepare_reference(
+    trainer: MultiAgentGRPOTrainer, ref_model: PreTrainedModel | None, temperature: float
+) -> nn.Module | None:
+    """Prepare one agent's reference model as `GRPOTrainer.__init__` prepares its own (log-probs at the agent's
+    `temperature`)."""
     if ref_model is None:
         return None
     if trainer.args.disable_dropout:
         disable_dropout_in_model(ref_model)
-    add_fused_lm_head(
-        ref_model, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32
-    )
+    add_fused_lm_head(ref_model, temperature=temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32)
     if trainer.is_deepspeed_enabled:
         return prepare_deepspeed(ref_model, trainer.accelerator)
     if trainer.is_fsdp_enabled:
@@ -221,15 +243,64 @@ def agent_views(
     trainer: MultiAgentGRPOTrainer, models: list, processing_classes: list, ref_models: list, shared_base: bool
 ) -> list[dict[str, Any]]:
     """One `PER_AGENT` dict per agent. `GRPOTrainer.__init__` has prepared `models[0]` (and, on a shared base, every
-    agent's model): those agents take the trainer's model-derived values; the others are prepared here."""
-    prepared = {name: getattr(trainer, name) for name in PER_AGENT}
+    agent's model) with agent 0's settings: agent 0 takes the trainer's values, agents on the shared base take them
+    with their own settings, and the other agents are prepared here."""
+    # The tool state is filled in afterwards (`tools.TeamTools.install`); TRL sets some of it only per batch.
+    prepared = {name: getattr(trainer, name) for name in PER_AGENT if name not in TOOL_STATE}
     views = []
     for i, (model, processing_class, ref_model) in enumerate(zip(models, processing_classes, ref_models, strict=True)):
-        view = dict(prepared) if i == 0 or shared_base else model_state(trainer, model, processing_class)
-        view["ref_model"] = prepare_reference(trainer, ref_model)
+        if i == 0:
+            view = dict(prepared)
+        elif shared_base:
+            view = {**prepared, **settings_state(trainer, i, prepared["_tokenizer"], prepared["eos_token_ids"])}
+        else:
+            view = model_state(trainer, i, model, processing_class)
+        view["beta"] = trainer.args.agent_setting("beta", i)  # TRL was shown beta=0 (see the trainer's __init__)
+        view["ref_model"] = prepare_reference(trainer, ref_model, view["temperature"])
         view.update(initial_state(trainer))
         views.append(view)
+    if shared_base:
+        temperatures = [view["temperature"] for view in views]
+        if len(set(temperatures)) > 1:
+            switch_temperatures(trainer, models[0].get_base_model(), temperatures)
+        if trainer.args.generation_mode == "batched" and not same_generation_settings(views):
+            logger.warning(
+                "The agents' generation settings differ (%s), so the LoRA team generates one agent at a time instead "
+                "of in one mixed-adapter batch (`generation_mode='batched'`).",
+                ", ".join(trainer.args.per_agent_settings()),
+            )
     return views
+
+
+def same_generation_settings(views: list[dict[str, Any]]) -> bool:
+    """Whether every agent generates with the same settings, so that one `generate` call can serve them all."""
+    return all(view["generation_kwargs"] == views[0]["generation_kwargs"] for view in views[1:])
+
+
+def switch_temperatures(trainer: MultiAgentGRPOTrainer, base: PreTrainedModel, temperatures: list[float]) -> None:
+    """Agents on one shared base with different temperatures: TRL divides the logits by the temperature inside the
+    base's patched forward (`add_fused_lm_head`), once for all agents. Patch the base once per temperature and let its
+    forward pick the one of the agent whose view is active (the trainer's `temperature`)."""
+    agent_0_forward = base.forward  # TRL's patch, at agent 0's temperature
+    patched = {}
+    for temperature in dict.fromkeys(temperatures):
+        # Each patch wraps TRL's: its log-prob path is its own, its plain path (generation) falls through to TRL's.
+        base.forward = agent_0_forward
+        add_fused_lm_head(
+            base,
+            temperature=temperature,
+            cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32,
+            outputs=("log_probs", "entropy"),
+        )
+        patched[temperature] = base.forward
+    owner = weakref.ref(trainer)
+
+    @functools.wraps(type(base).forward)  # `generate` validates its keyword arguments against this signature
+    def forward(self, *args, **kwargs):
+        trainer = owner()
+        return patched[trainer.temperature if trainer is not None else temperatures[0]](*args, **kwargs)
+
+    base.forward = types.MethodType(forward, base)
 
 
 # What a checkpoint keeps of each agent's state beyond its weights (TRL saves its controller's state for one policy).

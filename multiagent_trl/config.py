@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig
@@ -12,6 +16,18 @@ from .placement import check_devices
 JOINT_MODES = ("aligned", "cross")
 GENERATION_MODES = ("batched", "per_agent")
 ADVANTAGE_BASELINES = ("mean", "none", "max", "leave_one_out")
+# GRPOConfig fields that take one value for all agents or a list with one value per agent. Each agent's value is
+# resolved once into its view (`agent_state.settings_state`); TRL's code then reads a plain value, as for one policy.
+AGENT_SETTINGS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "max_completion_length",
+    "generation_kwargs",
+    "beta",
+)
 
 
 @dataclass
@@ -71,11 +87,54 @@ class MultiAgentGRPOConfig(GRPOConfig):
             With `agent_devices` and `beta != 0`: one device per agent's reference model; `None` puts each on its
             agent's device.
 
+    > Per-agent settings
+    >
+    > `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `max_completion_length`, `generation_kwargs`
+    > and `beta` take one value for every agent (as in `GRPOConfig`, with its defaults) or a list with one value per
+    > agent, e.g. `temperature=[0.7, 1.0]`, `max_completion_length=[64, 256]`, `beta=[0.0, 0.04]`,
+    > `generation_kwargs=[{"no_repeat_ngram_size": 3}, None]`. A list of one value means one value for all (that is
+    > what `--temperature 0.7` parses to; `--temperature 0.7 1.0` gives one per agent; `--generation_kwargs` takes a
+    > JSON object, or a JSON list of objects). A list of another length than the number of agents is an error, raised
+    > here when `num_agents` is set and by the trainer otherwise. Read agent i's value with `agent_setting(name, i)`.
+
     > [!NOTE]
     > Defaults that differ from [`~trl.GRPOConfig`]:
     > - `bf16`: `None` (unset) resolves to `True` only where a bf16-capable GPU is present, so the same script runs
     >   on a CPU-only machine without turning it off by hand. An explicit `bf16=True` is kept.
     """
+
+    # The per-agent settings (see AGENT_SETTINGS): typed as lists so that the command line takes one value or one per
+    # agent; `__post_init__` turns a list of one value into that value.
+    max_completion_length: list[int] | None = field(
+        default_factory=lambda: [512],
+        metadata={"help": "Maximum length of the generated completion: one value for all agents, or one per agent."},
+    )
+    temperature: list[float] = field(
+        default_factory=lambda: [1.0],
+        metadata={"help": "Sampling temperature: one value for all agents, or one per agent."},
+    )
+    top_p: list[float] = field(
+        default_factory=lambda: [1.0],
+        metadata={"help": "Nucleus sampling probability in (0, 1]: one value for all agents, or one per agent."},
+    )
+    top_k: list[int] = field(
+        default_factory=lambda: [0],
+        metadata={"help": "Top-k sampling (0 disables it): one value for all agents, or one per agent."},
+    )
+    min_p: list[float] | None = field(
+        default=None,
+        metadata={"help": "Minimum token probability, relative to the likeliest token: one value, or one per agent."},
+    )
+    repetition_penalty: list[float] = field(
+        default_factory=lambda: [1.0],
+        metadata={"help": "Repetition penalty (1.0 is none): one value for all agents, or one per agent."},
+    )
+    beta: list[float] = field(
+        default_factory=lambda: [0.0],
+        metadata={
+            "help": "KL coefficient (0.0 loads no reference model): one value for all agents, or one per agent."
+        },
+    )
 
     num_agents: int | None = field(
         default=None,
@@ -147,6 +206,7 @@ class MultiAgentGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        self._normalize_agent_settings()
         # TRL resolves an unset bf16 to True, which fails on a machine without a bf16-capable accelerator. Resolve it
         # from the hardware instead; an explicit choice is left to TRL and transformers to validate.
         if self.bf16 is None and not self.fp16:
@@ -187,6 +247,8 @@ class MultiAgentGRPOConfig(GRPOConfig):
             check_devices(self.agent_devices, "agent_devices", self.num_agents, self.world_size)
             if self.reference_devices is not None:
                 check_devices(self.reference_devices, "reference_devices", self.num_agents, self.world_size)
+        if self.num_agents is not None:
+            self.check_agent_settings(self.num_agents)
         if self.num_turns < 1:
             raise ValueError(f"`num_turns` must be at least 1, got {self.num_turns}.")
         if not 0.0 <= self.discount <= 1.0:
@@ -215,8 +277,70 @@ class MultiAgentGRPOConfig(GRPOConfig):
                 "`use_transformers_continuous_batching=True` is not supported by MultiAgentGRPOTrainer yet. Set it to "
                 "False."
             )
-        if self.sync_ref_model:
-            raise NotImplementedError(
-                "`sync_ref_model=True` is not supported by MultiAgentGRPOTrainer yet: each agent keeps its initial "
-                "weights as reference. Set `sync_ref_model=False`."
-            )
+
+    # ------------------------------------------------------------------ per-agent settings
+
+    def _normalize_agent_settings(self) -> None:
+        """One value for all, or a list of one value per agent: a list of one value becomes that value."""
+        kwargs = self.generation_kwargs
+        if isinstance(kwargs, str) and kwargs.lstrip().startswith("["):
+            self.generation_kwargs = json.loads(kwargs)  # one JSON object per agent (TRL parses a single object)
+        for name in AGENT_SETTINGS:
+            value = getattr(self, name)
+            if name == "generation_kwargs" and not isinstance(value, (list, tuple)):
+                continue  # a dict (or its JSON text) for every agent
+            if isinstance(value, (list, tuple)):
+                if len(value) == 0:
+                    raise ValueError(f"`{name}` is an empty list: give one value for all agents, or one per agent.")
+                value = value[0] if len(value) == 1 else list(value)
+                setattr(self, name, value)
+            if name == "generation_kwargs" and isinstance(value, list):
+                bad = [v for v in value if v is not None and not isinstance(v, dict)]
+                if bad:
+                    raise TypeError(
+                        f"`generation_kwargs` lists one entry per agent, each a dict or None; got {bad[0]!r}."
+                    )
+
+    def per_agent_settings(self) -> dict[str, list]:
+        """The settings given as one value per agent (a list of two or more values), by name."""
+        return {name: getattr(self, name) for name in AGENT_SETTINGS if isinstance(getattr(self, name), list)}
+
+    def check_agent_settings(self, num_agents: int) -> None:
+        """Raise a `ValueError` naming the first per-agent setting whose list does not have `num_agents` values."""
+        for name, values in self.per_agent_settings().items():
+            if len(values) != num_agents:
+                raise ValueError(
+                    f"`{name}` has {len(values)} values ({values}) for {num_agents} agents: give one value for all "
+                    f"agents, or exactly one per agent."
+                )
+
+    def agent_setting(self, name: str, index: int) -> Any:
+        """Agent `index`'s value of the per-agent setting `name` (one of `AGENT_SETTINGS`).
+
+        >>> config = MultiAgentGRPOConfig(output_dir="out", temperature=[0.5, 0.9], report_to="none")
+        >>> config.agent_setting("temperature", 1), config.agent_setting("top_p", 1)
+        (0.9, 1.0)
+        """
+        if name not in AGENT_SETTINGS:
+            raise KeyError(f"`{name}` is not a per-agent setting; those are {AGENT_SETTINGS}.")
+        value = getattr(self, name)
+        if isinstance(value, list):
+            if not 0 <= index < len(value):
+                raise IndexError(f"`{name}` has {len(value)} values; there is no value for agent {index}.")
+            return value[index]
+        return value
+
+    @contextmanager
+    def single_agent_view(self, index: int, **overrides: Any) -> Iterator[MultiAgentGRPOConfig]:
+        """Within the block, every per-agent setting holds agent `index`'s value (and each field in `overrides` its
+        given value), so that code written for one policy, like `GRPOTrainer.__init__`, reads plain values."""
+        values = {name: self.agent_setting(name, index) for name in AGENT_SETTINGS}
+        values.update(overrides)
+        saved = {name: getattr(self, name) for name in values}
+        for name, value in values.items():
+            setattr(self, name, value)
+        try:
+            yield self
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)

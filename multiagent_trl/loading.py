@@ -121,11 +121,15 @@ def add_reference_adapter(model: PeftModel) -> None:
             model.get_parameter(param_name.replace(f".{name}.", ".ref.")).data.copy_(param.data)
 
 
-def reference_copies(models: list, beta: float) -> list[nn.Module | None]:
-    """Each full-model agent's reference: a copy of its initial weights (`None` with `beta == 0`, and for adapter
-    agents, whose reference is their base or their `ref` adapter).
+def reference_copies(models: list, betas: float | Sequence[float]) -> list[nn.Module | None]:
+    """Each full-model agent's reference: a copy of its initial weights (`None` where its beta is 0, and for adapter
+    agents, whose reference is their base or their `ref` adapter). `betas`: one for all, or one per model.
 
     Copied here, before TRL patches the forward (a copy made after would call the original model's forward), and
     not reloaded from a path as TRL does: an in-memory model has none.
     """
-    return [copy.deepcopy(m) if beta != 0.0 and not isinstance(m, PeftModel) else None for m in models]
+    betas = [betas] * len(models) if isinstance(betas, (int, float)) else list(betas)
+    return [
+        copy.deepcopy(m) if beta != 0.0 and not isinstance(m, PeftModel) else None
+        for m, beta in zip(models, betas, strict=True)
+    ]

@@ -182,26 +182,52 @@ def reward_range(func: Callable) -> tuple[float, float] | None:
     return low, high
 
 
-def bind_reward_funcs(reward_funcs, num_agents: int) -> list:
-    """The trainer's `reward_funcs`: each user function bound with `bind_reward`; with one agent, TRL's reward models
-    (a model id or a sequence classifier) pass through to TRL."""
+def bind_reward_funcs(
+    reward_funcs, num_agents: int, reward_processing_classes=None, args=None, joint_text: Callable | None = None
+) -> tuple[list, Any]:
+    """The trainer's `reward_funcs`, and the `reward_processing_classes` to hand to TRL.
+
+    Each user function is bound with `bind_reward`. A reward model (a model id or path, or an `nn.Module`) passes
+    through to TRL with one agent; with several it becomes a `reward_models.JointRewardModel` that scores the text
+    `joint_text` builds from each joint sample, with its tokenizer from `reward_processing_classes` (one for all
+    functions, or one per function as in TRL; entries of plain functions are ignored). TRL then gets no processing
+    classes: every function it sees is a callable.
+    """
     if reward_funcs is None:
         raise ValueError("Pass a joint reward function: `reward_funcs=`.")
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    bound = []
-    for func in funcs:
-        if isinstance(func, (str, nn.Module)):
-            if num_agents > 1:
+    if num_agents == 1:  # a team of one: TRL's own handling of reward models and their tokenizers
+        classes = reward_processing_classes
+    else:
+        if reward_processing_classes is None:
+            classes = [None] * len(funcs)
+        elif isinstance(reward_processing_classes, (list, tuple)):
+            classes = list(reward_processing_classes)
+            if len(classes) != len(funcs):
                 raise ValueError(
-                    "Reward models (a model id or an nn.Module in `reward_funcs`) score one completion, so they work "
-                    "with one agent only; wrap the model in a function of the agents' completions instead."
+                    f"`reward_processing_classes` has {len(classes)} entries for {len(funcs)} reward functions: give "
+                    "one per reward function (None for plain functions), or one tokenizer for all reward models."
                 )
-            bound.append(func)
+        else:
+            classes = [reward_processing_classes] * len(funcs)
+    bound = []
+    for k, func in enumerate(funcs):
+        if isinstance(func, (str, nn.Module)):
+            if num_agents == 1:
+                bound.append(func)
+                continue
+            from .reward_models import JointRewardModel  # loads transformers' auto classes only when needed
+
+            init_kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
+            init_kwargs.setdefault("trust_remote_code", getattr(args, "trust_remote_code", False))
+            bound.append(JointRewardModel(func, classes[k], joint_text, model_init_kwargs=init_kwargs))
         elif callable(func):
             bound.append(bind_reward(func, num_agents))
         else:
-            raise TypeError(f"Reward functions must be callables; got {type(func).__name__}.")
-    return bound
+            raise TypeError(f"Reward functions must be callables, model ids or models; got {type(func).__name__}.")
+    if joint_text is not None and not any(isinstance(f, (str, nn.Module)) for f in funcs):
+        raise ValueError("`joint_text=` formats joint samples for reward models, but `reward_funcs` has none.")
+    return bound, (classes if num_agents == 1 else None)
 
 
 def bind_reward(func: Callable, num_agents: int) -> Callable:

@@ -35,12 +35,13 @@ from trl.trainer.utils import nanstd
 
 from . import sharding
 from .advantages import local_baseline_advantages
-from .agent_state import agent_views, load_entropy_states, save_entropy_states
+from .agent_state import agent_views, load_entropy_states, same_generation_settings, save_entropy_states
 from .checkpointing import save_atomically
 from .config import MultiAgentGRPOConfig
 from .evaluation import EvalRecorder, EvalTrajectories, decoding
 from .loading import add_adapters, add_reference_adapter, load_agents, load_processing_classes, reference_copies
 from .placement import place_agents
+from .reference_sync import ReferenceSyncCallback, check_reference_sync
 from .rewards import (
     apply_processor,
     bind_reward_funcs,
@@ -54,6 +55,7 @@ from .rewards import (
 )
 from .rollouts import Replay, Rollout
 from .team import AgentTeam, LoraAgentTeam
+from .tools import REPLAY_STATE, TeamTools
 from .turns import completion_text, play_episodes, transition_style
 
 
@@ -88,7 +90,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             Joint reward functions, CoMLRL style `f(completions1, ..., completionsN)` or TRL style
             `f(prompts, completions, **kwargs)` with `completions[j]` the tuple of the agents' completions of
             joint sample j (with one agent, the plain completion, as in TRL). Several combine with
-            `args.reward_weights`. With one agent, TRL's reward models (sequence classifiers) work too.
+            `args.reward_weights`. TRL's reward models (a sequence-classifier id, path or model, with its tokenizer
+            from `reward_processing_classes`) work too: with several agents each scores the text `joint_text` builds
+            from a joint sample (see `multiagent_trl.reward_models`).
         args ([`MultiAgentGRPOConfig`], *optional*):
             Configuration; `None` uses the defaults.
         train_dataset, eval_dataset ([`~datasets.Dataset`], *optional*):
@@ -111,6 +115,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             dataset row, each agent's completions so far (`histories[i]`, turns 0..turn) and the index of the turn
             just played, return each agent's prompt for the next turn. CoMLRL's keyword convention works too (see
             `multiagent_trl.turns`).
+        joint_text (callable, *optional*):
+            For reward models in `reward_funcs` with several agents: `joint_text(prompts, completions) -> str` builds
+            the text a reward model scores from one joint sample (`prompts[i]` and `completions[i]` are agent i's).
+            `None` uses `reward_models.default_joint_text` (the prompt, then each agent's completion under an
+            `[agent_i]` header).
         **kwargs:
             Other `GRPOTrainer` arguments (`reward_processing_classes`, `quantization_config`, ...).
 
@@ -154,6 +163,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         reward_processor: Callable[[float], float] | None = None,
         formatters: Callable | Sequence[Callable] | None = None,
         external_transition: Callable | None = None,
+        joint_text: Callable | None = None,
         **kwargs,
     ):
         if model is None:
@@ -175,15 +185,18 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         shared_base = peft_config is not None and isinstance(model, (str, os.PathLike, nn.Module))
         models = load_agents(model, args, kwargs.get("quantization_config"), copies=not shared_base)
         num_agents = args.num_agents = (args.num_agents or 1) if shared_base else len(models)
-        trained_adapters = [m for m in models if isinstance(m, PeftModel)]
+        args.check_agent_settings(num_agents)  # before anything reads an agent's value
+        betas = [args.agent_setting("beta", i) for i in range(num_agents)]
+        trained_adapters = [m for m, beta in zip(models, betas) if isinstance(m, PeftModel) and beta != 0.0]
         models = add_adapters(
             models, _per_agent("peft_config", peft_config, num_agents, single=PeftConfig), shared_base
         )
-        if args.beta != 0.0:
-            for agent in trained_adapters:
-                add_reference_adapter(agent)
+        for agent in trained_adapters:
+            add_reference_adapter(agent)
+        check_reference_sync(args, models)
         processing_classes = load_processing_classes(processing_class, models, args)
         self._check_team_arguments(args, num_agents, shared_base, processing_classes, kwargs)
+        team_tools = TeamTools.from_arguments(kwargs, num_agents, args)  # a team's tools go to the agents' views
         if num_agents > 1 and args.ddp_find_unused_parameters is None:
             # Each agent's forward and backward leaves the other agents' parameters unused (DDP must be told).
             args.ddp_find_unused_parameters = True
@@ -199,16 +212,17 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._transition_style = transition_style(external_transition) if external_transition is not None else None
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             _check_prompt_column(name, dataset, self.formatters)
-        reward_funcs = bind_reward_funcs(reward_funcs, num_agents)
+        reward_funcs, kwargs["reward_processing_classes"] = bind_reward_funcs(
+            reward_funcs, num_agents, kwargs.get("reward_processing_classes"), args, joint_text
+        )
         self.reward_processor = reward_processor
 
-        # 3. TRL sets up agent 0 as its policy. It must not build a reference model (it would reload one from the
-        # model's path, which an in-memory model lacks, or add a second `ref` adapter): beta is hidden from it, and
-        # each agent's reference comes from `reference_copies` or its adapters.
-        beta = args.beta
-        ref_models = reference_copies(models, beta)
-        args.beta = 0.0
-        try:
+        # 3. TRL sets up agent 0 as its policy, with agent 0's per-agent settings. It must not build a reference model
+        # (it would reload one from the model's path, which an in-memory model lacks, or add a second `ref` adapter):
+        # beta is hidden from it, and each agent's reference comes from `reference_copies` or its adapters; so is
+        # `sync_ref_model` (each agent's reference is synced by `reference_sync.ReferenceSyncCallback`).
+        ref_models = reference_copies(models, betas[: len(models)])  # one model only on a shared base
+        with args.single_agent_view(0, beta=0.0, sync_ref_model=False):
             super().__init__(
                 model=models[0],
                 reward_funcs=reward_funcs,
@@ -220,9 +234,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 optimizers=optimizers,
                 **kwargs,
             )
-        finally:
-            args.beta = beta
-        self.beta = beta
+        self.beta = betas[0]
         self.num_agents = num_agents
 
         # 4. Each agent's own state (see `agent_state`), then "the model" that Trainer and Accelerate see: the team.
@@ -230,6 +242,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             models, ref_models = models * num_agents, ref_models * num_agents
             processing_classes = [self.processing_class] * num_agents
         self._agent_views = agent_views(self, models, processing_classes, ref_models, shared_base)
+        self._team_tools = team_tools
+        team_tools.install(self)
         if shared_base:
             team = LoraAgentTeam(models[0], [f"agent_{i}" for i in range(num_agents)])
         else:
@@ -244,13 +258,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._replay: Replay | None = None
         self._agent_rewards: torch.Tensor | None = None  # (rows, F, N): the last joint pass's per-agent rewards
         self._eval_recorder: EvalRecorder | None = None
+        if args.sync_ref_model:
+            self.add_callback(ReferenceSyncCallback(self))
 
     @staticmethod
     def _check_team_arguments(args, num_agents: int, shared_base: bool, processing_classes: list, kwargs) -> None:
-        if num_agents > 1:
-            unsupported = [k for k in ("tools", "rollout_func", "environment_factory") if kwargs.get(k) is not None]
-            if unsupported:
-                raise NotImplementedError(f"{unsupported} are supported with one agent only.")
         if args.agent_learning_rates is not None and len(args.agent_learning_rates) != num_agents:
             raise ValueError(
                 f"`agent_learning_rates` has {len(args.agent_learning_rates)} values for {num_agents} agents: give "
@@ -330,6 +342,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
+        agent_inputs = self._team_tools.begin_batch(self, inputs, agent_inputs)  # environments reset, tools bound
         if self.args.num_turns > 1:
             return play_episodes(self, inputs, agent_inputs, mode, num_generations)
 
@@ -366,7 +379,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return rollouts
 
     def _batched_generation(self) -> bool:
-        return isinstance(self.model, LoraAgentTeam) and self.num_agents > 1 and self.args.generation_mode == "batched"
+        return (
+            isinstance(self.model, LoraAgentTeam)
+            and self.num_agents > 1
+            and self.args.generation_mode == "batched"
+            and same_generation_settings(self._agent_views)  # else one agent at a time (logged once, at __init__)
+        )
 
     def _generate_batched(self, prompts: list[list]) -> list[list[list[int]]]:
         """Generate for all LoRA agents in one `generate` call (a mixed-adapter batch); one list of completion ids
@@ -391,6 +409,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             swapped = dict(
                 _replay=replay, reward_func_names=names, reward_weights=weights, reward_funcs=[None] * len(names)
             )
+            swapped.update(REPLAY_STATE)  # the rollout's environments and tools were used in step 1
             with self._agent_view(i), self._swap(**swapped):
                 outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
             if self.args.advantage_baseline != "mean":  # TRL computed GRPO's; replace them with the baseline's
