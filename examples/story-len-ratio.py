@@ -71,7 +71,11 @@ COMLRL_TWINS = {
     "beta": "reference_kl_coef",
     "eval_steps": "eval_interval",
     "eval_strategy": "eval_interval",
-    "per_device_eval_batch_size": "eval_interval",
+    "per_device_eval_batch_size": "eval_batch_size",
+    "steps_per_generation": "train_batch_size",
+    "num_generations_eval": "eval_interval",
+    "eval_on_start": "eval_interval",
+    "advantage_baseline": "advantage_mode",
 }
 
 TRAIN_PROMPTS = [
@@ -139,6 +143,11 @@ def flags_and_yaml_keys(argv: list[str]) -> tuple[set[str], set[str]]:
         return flags, set(yaml.safe_load(file) or {})
 
 
+def _one_for_all(value):
+    """A per-agent setting given once (`--max_completion_length 7` parses to `[7]`), as the config keeps it."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MAGRPOConfig, ModelConfig]:
     """Parse the flags and the YAML config into the script's arguments, a `MAGRPOConfig` and TRL's `ModelConfig`."""
     argv = with_default_config(sys.argv[1:] if argv is None else list(argv))
@@ -148,15 +157,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, MAGRPOCo
     config_at = argv.index("--config")
     raw, _ = parser.parse_known_args(argv[:config_at] + argv[config_at + 2 :])
     flags, yaml_keys = flags_and_yaml_keys(argv)
-    # `beta` is TRL's name for CoMLRL's `reference_kl_enabled` + `reference_kl_coef`, which MAGRPOConfig reads.
-    kl_fields = {"reference_kl_enabled", "reference_kl_coef"}
-    if "beta" in flags | yaml_keys and not kl_fields & (flags | yaml_keys) and raw.beta != config.beta:
-        argv = [*argv, "--reference_kl_enabled", str(raw.beta > 0), "--reference_kl_coef", str(raw.beta)]
-        script_args, config, model_args = parser.parse_args_and_config(argv)
     for name, twin in COMLRL_TWINS.items():
         # A flag of the CoMLRL twin may override the GRPO name's YAML value; anything else that is lost is an error.
         given = name in flags or (name in yaml_keys and twin not in flags)
-        if given and getattr(raw, name) != getattr(config, name):
+        if given and _one_for_all(getattr(raw, name)) != getattr(config, name):
             raise ValueError(
                 f"`{name}={getattr(raw, name)!r}` was replaced by {getattr(config, name)!r}: MAGRPOConfig sets "
                 f"`{name}` from its CoMLRL field `{twin}`, which wins. Set `{twin}` instead of `{name}`."

@@ -175,7 +175,8 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
             self.eval_strategy, self.eval_steps, self.eval_on_start = "steps", self.eval_interval, True
         self.per_device_eval_batch_size = self.comlrl_eval_batch_size
         self.num_generations_eval = 1  # one trajectory per evaluated row, as CoMLRL evaluates
-        self.beta = self.reference_kl_coef if self.reference_kl_enabled else 0.0
+        if self.reference_kl_enabled:  # else `beta` keeps its value (GRPOConfig's 0.0 unless given, as TRL's name)
+            self.beta = self.reference_kl_coef
         # Devices: "mp" is the core's per-agent placement (which checks them); "none" is Accelerate's, which CoMLRL's
         # devices may only confirm.
         specs = {"agent_devices": self.agent_devices, "reference_devices": self.reference_devices}
