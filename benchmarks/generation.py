@@ -28,6 +28,7 @@ machine are noisy.
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import statistics
@@ -303,18 +304,29 @@ def run_epoch(args: Arguments) -> list[dict]:
         trainers["CoMLRL 1.4.3"] = comlrl_trainer(settings, path_of_model)
     except ImportError as error:
         print(f"  CoMLRL is not importable ({error}): `pip install --no-deps comlrl==1.4.3`", flush=True)
-    first = {}
-    for name, trainer in trainers.items():  # the first epoch warms up (and compiles); not timed
+    import torch
+
+    def modules(name, trainer) -> list:
+        return list(trainer.agents) if name.startswith("CoMLRL") else [trainer.model]
+
+    # Every timed epoch starts from the same weights and seed: an epoch's time depends on the completions' lengths,
+    # which training changes (a trainer that had learned to stop early would decode fewer steps).
+    initial = {name: [copy.deepcopy(m.state_dict()) for m in modules(name, t)] for name, t in trainers.items()}
+
+    def epoch(name, trainer) -> float:
+        for module, state in zip(modules(name, trainer), initial[name]):
+            module.load_state_dict(state)
+        torch.manual_seed(0)
         start = time.perf_counter()
         trainer.train()
-        first[name] = time.perf_counter() - start
+        return time.perf_counter() - start
+
+    first = {name: epoch(name, trainer) for name, trainer in trainers.items()}  # warms up (and compiles): untimed
     times = {name: [] for name in trainers}
     with OtherLoad() as load:
         for _ in range(args.epoch_rounds):
             for name, trainer in trainers.items():
-                start = time.perf_counter()
-                trainer.train()
-                times[name].append(time.perf_counter() - start)
+                times[name].append(epoch(name, trainer))
     theirs = statistics.median(times["CoMLRL 1.4.3"]) if "CoMLRL 1.4.3" in times else float("nan")
     results = []
     for name in trainers:
