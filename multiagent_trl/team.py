@@ -137,6 +137,11 @@ class AgentTeam(nn.Module):
         return self.agent_module().dtype
 
     @property
+    def lm_head(self) -> nn.Module:
+        """The active agent's output layer (TRL's continuous-batching path casts it, with `cast_lm_head_to_fp32`)."""
+        return self.agent_module().get_output_embeddings()
+
+    @property
     def peft_config(self) -> dict:
         return getattr(self.agent_module(), "peft_config", {})
 

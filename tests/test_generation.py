@@ -128,10 +128,11 @@ def test_continuous_batching_plays_multi_turn_episodes_with_early_termination(
     assert ended.tolist() == [True] * G + [False] * G
 
 
-def test_continuous_batching_trains(tmp_path, tiny_path, prompts_dataset):
+def test_continuous_batching_trains(tmp_path, varied_paths, prompts_dataset):
+    # Untied embeddings: TRL's `cast_lm_head_to_fp32` refuses tied ones.
     trainer = team(
-        tmp_path, "lora", (tiny_path,), prompts_dataset, generation_kwargs={}, max_steps=1,
-        use_transformers_continuous_batching=True,
+        tmp_path, "lora", varied_paths[:1], prompts_dataset, generation_kwargs={}, max_steps=1,
+        use_transformers_continuous_batching=True, cast_lm_head_to_fp32=True,  # TRL's paged path casts the team's head
     )  # fmt: skip
     before = [[p.detach().clone() for p in trainer.model.agent_parameters(i)] for i in range(2)]
     trainer.train()
