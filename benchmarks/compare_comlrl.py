@@ -119,6 +119,14 @@ class Settings:
             "choices": ["matched", "trl-default"],
         },
     )
+    generation_path: str = field(
+        default="plain",
+        metadata={
+            "help": "multiagent_trl's generation: 'plain' (generate), 'continuous_batching' or 'compiled' (see "
+            "benchmarks/generation.py, which times the paths side by side).",
+            "choices": ["plain", "continuous_batching", "compiled"],
+        },
+    )
     comlrl_python: str = field(default=DEFAULT_COMLRL_PYTHON, metadata={"help": "Interpreter of the CoMLRL venv."})
     jobs: int = field(default=2, metadata={"help": "Training runs at once (CoMLRL's first)."})
     threads: int = field(
@@ -183,6 +191,8 @@ def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str, 
         report_to="none",
         save_strategy="no",
         disable_tqdm=True,
+        use_transformers_continuous_batching=settings.generation_path == "continuous_batching",
+        compile_generation=settings.generation_path == "compiled",
         **optimizer,
     )
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -111,6 +111,8 @@ SHARED: dict[str, str] = {
     "num_completions_to_print": "logging setting from the config",
     "commit_scheduler": "uploads of the team's completion logs",
     "max_tool_calling_iterations": "the tool-calling rounds every agent may take, from the config",
+    "use_transformers_continuous_batching": "whether every agent generates through continuous batching",
+    "continuous_batching_config": "the paged path's settings (sized per call on CPU: `generation`)",
 }
 
 # Features that a team rejects at construction (`MultiAgentGRPOTrainer` raises for N > 1): TRL's values are kept
@@ -126,8 +128,6 @@ UNUSED_BY_TEAMS: dict[str, str] = {
     "vllm_importance_sampling_clip_max": "vLLM",
     "vllm_importance_sampling_clip_min": "vLLM",
     "_last_loaded_step": "vLLM weight sync",
-    "use_transformers_continuous_batching": "continuous batching",
-    "continuous_batching_config": "continuous batching",
 }
 
 # PER_AGENT attributes that every agent starts with empty (or at their initial value), agent 0 included: the

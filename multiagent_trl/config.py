@@ -86,6 +86,16 @@ class MultiAgentGRPOConfig(GRPOConfig):
         reference_devices (`list[str]` or `None`, *optional*, defaults to `None`):
             With `agent_devices` and `beta != 0`: one device per agent's reference model; `None` puts each on its
             agent's device.
+        compile_generation (`bool`, *optional*, defaults to `False`):
+            Decode with a static KV cache (`cache_implementation="static"`) and a `torch.compile`d decoding step, on
+            every device (TRL builds its generation config with compilation off). Each agent's model is compiled once,
+            at its first generation. The same tokens as the plain path; whether it is faster depends on the model and
+            the device (the README's Benchmarks section has the measurements; on the development machine's CPU the
+            compile takes about a minute, so it does not pay off in short runs). Not with continuous batching.
+        compile_generation_kwargs (`dict` or `None`, *optional*, defaults to `None`):
+            With `compile_generation=True`: `torch.compile` arguments, as `transformers.CompileConfig` fields
+            (`backend`, `mode`, `dynamic`, `fullgraph`, ...), e.g. `{"mode": "reduce-overhead"}` on a GPU. `None`:
+            inductor, dynamic shapes left to torch, graph breaks allowed.
 
     > Per-agent settings
     >
@@ -187,6 +197,17 @@ class MultiAgentGRPOConfig(GRPOConfig):
     eval_do_sample: bool = field(
         default=True, metadata={"help": "Sample during evaluation (True) or decode greedily (False)."}
     )
+    compile_generation: bool = field(
+        default=False,
+        metadata={
+            "help": "Decode with a static KV cache and a torch.compile'd decoding step, compiled once per agent (not "
+            "with continuous batching)."
+        },
+    )
+    compile_generation_kwargs: dict | None = field(
+        default=None,
+        metadata={"help": "With compile_generation: torch.compile arguments (CompileConfig fields): backend, mode."},
+    )
 
     advantage_baseline: str = field(
         default="mean",
@@ -272,10 +293,18 @@ class MultiAgentGRPOConfig(GRPOConfig):
                 "`use_vllm=True` is not supported by MultiAgentGRPOTrainer yet: generation runs through transformers. "
                 "Set `use_vllm=False`."
             )
-        if self.use_transformers_continuous_batching:
-            raise NotImplementedError(
-                "`use_transformers_continuous_batching=True` is not supported by MultiAgentGRPOTrainer yet. Set it to "
-                "False."
+        if self.compile_generation_kwargs is not None and not self.compile_generation:
+            raise ValueError("`compile_generation_kwargs` applies with `compile_generation=True` only: set it too.")
+        if self.compile_generation and self.cache_implementation not in (None, "static"):
+            raise ValueError(
+                f"`compile_generation=True` decodes with a static KV cache, but `cache_implementation` is "
+                f"{self.cache_implementation!r}: set it to None or 'static'."
+            )
+        if self.compile_generation and self.use_transformers_continuous_batching:
+            raise ValueError(
+                "`compile_generation=True` compiles `generate`, which continuous batching does not call: set one of "
+                "them, or compile the paged path with `transformers_continuous_batching_config="
+                "{'default_compile_level': 1}`."
             )
 
     # ------------------------------------------------------------------ per-agent settings

@@ -29,6 +29,8 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel
 
+from . import generation
+
 
 class AgentTeam(nn.Module):
     """N separate causal language models trained together; `forward` and `generate` run the active agent.
@@ -106,6 +108,12 @@ class AgentTeam(nn.Module):
     def generate(self, *args, **kwargs):
         return self.active_model().generate(*args, **kwargs)
 
+    @torch.no_grad()
+    def generate_batch(self, inputs: list[list[int]], **kwargs) -> dict:
+        """Continuous batching (transformers' `generate_batch`, TRL's `use_transformers_continuous_batching`) for the
+        active agent; see `multiagent_trl.generation`."""
+        return generation.generate_batch(self.active_model(), inputs, **kwargs)
+
     def agent_module(self) -> nn.Module:
         """The module that holds the active agent, as it is: unlike `active_model`, reading it changes nothing."""
         return self.agents[self.active]
@@ -127,6 +135,11 @@ class AgentTeam(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.agent_module().dtype
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The active agent's output layer (TRL's continuous-batching path casts it, with `cast_lm_head_to_fp32`)."""
+        return self.agent_module().get_output_embeddings()
 
     @property
     def peft_config(self) -> dict:
@@ -274,6 +287,27 @@ class LoraAgentTeam(AgentTeam):
         finally:
             self.peft_model.train(was_training)
             self._set_trainable()
+
+    @torch.no_grad()
+    def generate_batch(self, inputs: list[list[int]], **kwargs) -> dict:
+        """Continuous batching for the active agent or, inside `mixed_batch`, for every agent: one `generate_batch`
+        call per agent under its adapter, since the paged path chooses the rows of each step itself (see
+        `multiagent_trl.generation`). Returns the outputs in the order of `inputs`."""
+        if self._batch_rows is None:
+            return generation.generate_batch(self.active_model(), inputs, **kwargs)
+        if sum(self._batch_rows) != len(inputs):
+            raise RuntimeError(f"A mixed-agent batch has {sum(self._batch_rows)} rows, but got {len(inputs)} prompts.")
+        outputs, start, active = {}, 0, self.active
+        try:
+            for index, rows in enumerate(self._batch_rows):
+                self.active = index
+                agent_outputs = generation.generate_batch(self.active_model(), inputs[start : start + rows], **kwargs)
+                # Request ids restart at every call: prefix them, so that no agent's output replaces another's.
+                outputs.update({f"agent_{index}/{key}": value for key, value in agent_outputs.items()})
+                start += rows
+        finally:
+            self.active = active
+        return outputs
 
     def _agent_rows_layers(self, generate_kwargs: dict) -> list[LoraLinear] | None:
         """The LoRA layers, if `_AgentRowsLora` can run this mixed batch: plain LoRA on linear layers, no adapter

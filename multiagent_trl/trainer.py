@@ -39,6 +39,7 @@ from .agent_state import agent_views, load_entropy_states, same_generation_setti
 from .checkpointing import save_atomically
 from .config import MultiAgentGRPOConfig
 from .evaluation import EvalRecorder, EvalTrajectories, decoding
+from .generation import configure_decoding
 from .loading import add_adapters, add_reference_adapter, load_agents, load_processing_classes, reference_copies
 from .placement import place_agents
 from .reference_sync import ReferenceSyncCallback, check_reference_sync
@@ -244,6 +245,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._agent_views = agent_views(self, models, processing_classes, ref_models, shared_base)
         self._team_tools = team_tools
         team_tools.install(self)
+        configure_decoding(self)  # `compile_generation`: each agent's generation config
         if shared_base:
             team = LoraAgentTeam(models[0], [f"agent_{i}" for i in range(num_agents)])
         else:
