@@ -59,15 +59,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MULTIAGENT_TRL_CACHE", Path.home() / ".cache" / "multiagent_trl"))
 
 
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer: 256 byte tokens, then an end-of-text and a padding token."""
+def byte_level_backend() -> Tokenizer:
+    """The tokenizers' model of the tiny tokenizers: one token per byte (256), no merges; special tokens come after."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {char: index for index, char in enumerate(sorted(alphabet, key=lambda c: ord(c)))}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: 256 byte tokens, then an end-of-text and a padding token."""
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
+        tokenizer_object=byte_level_backend(),
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
         padding_side="left",

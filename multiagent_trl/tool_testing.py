@@ -15,11 +15,10 @@ import copy
 import os
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 from trl.chat_template_utils import qwen3_template
 
-from .testing import cache_dir
+from .testing import byte_level_backend, cache_dir
 
 CAPITALS = {"France": "Paris", "Peru": "Lima", "Japan": "Tokyo"}
 
@@ -79,13 +78,8 @@ Tools:{% for tool in tools %} {{ tool.function.name }}({{ tool.function.paramete
 def tool_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer with Qwen's chat markers as single tokens, `CHAT_TEMPLATE`, and TRL's response template
     for Qwen's tool calls (saved with the tokenizer, so `parse_response` finds the tool calls)."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {char: index for index, char in enumerate(sorted(alphabet, key=lambda c: ord(c)))}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
+        tokenizer_object=byte_level_backend(),
         eos_token="<|im_end|>",  # the end of an assistant turn in Qwen's template: generation stops there
         pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>"],
