@@ -8,6 +8,9 @@ from .conftest import length_ratio, small_args
 
 
 def test_wandb_offline_run_has_per_agent_metrics(tmp_path, monkeypatch, tiny_path, prompts_dataset):
+    wandb.teardown()  # wandb keeps the settings of a process's first run; start from this test's environment
+    for name in ("WANDB_ENTITY", "WANDB_TAGS", "WANDB_RUN_ID", "WANDB_RESUME"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_PROJECT", "multiagent-trl-tests")
