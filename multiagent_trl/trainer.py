@@ -418,10 +418,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 outputs[-1]["advantages"] = local_baseline_advantages(self, weighted_sum(credited[i], weights))
         return outputs
 
-    def _joint_rewards(self, inputs, agent_inputs, rollouts, num_generations, mode: str, prefix: str = ""):
+    def _joint_rewards(self, inputs, agent_inputs, rollouts, num_generations, mode: str, turn: int | None = None):
         """Score the joint samples with every reward function. Returns the gathered `(rows, F)` rewards and the
         columns the functions logged with `log_extra` (gathered; `log_metric` values go to the metrics, under
-        `prefix`)."""
+        `turn_{turn}/` in a multi-turn episode)."""
+        prefix = "" if turn is None else f"turn_{turn}/"
         prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
         if self.args.joint_mode == "cross" and self.num_agents > 1:
             tuples = [
@@ -444,7 +445,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         )
         self._agent_rewards = pop_agent_rewards(self, rewards)  # where functions scored each agent on its own
         if self._eval_recorder is not None and mode == "eval":
-            self._eval_recorder.record_turn(int(prefix[5:-1] or 0), inputs, agent_inputs, rollouts)
+            self._eval_recorder.record_turn(turn or 0, inputs, agent_inputs, rollouts)
         return rewards, flush_reward_logs(self, mode, prefix, len(tuples))
 
     def _process_rewards(self, rewards_per_func: torch.Tensor, mode: str, prefix: str = "") -> torch.Tensor:

@@ -155,7 +155,7 @@ def play_episodes(trainer: MultiAgentGRPOTrainer, inputs: list[dict], agent_inpu
         turn_inputs = [[{**row, "prompt": p} for row, p in zip(inputs, ps)] for ps in prompts]
         rollouts = [r.masked(active.tolist()) for r in trainer._rollouts(turn_inputs, mode)]
         prefix = f"turn_{turn}/"
-        rewards_per_func, extras = trainer._joint_rewards(inputs, turn_inputs, rollouts, num_generations, mode, prefix)
+        rewards_per_func, extras = trainer._joint_rewards(inputs, turn_inputs, rollouts, num_generations, mode, turn)
         rewards_per_func[~playing] = torch.nan
         rewards.append(trainer._process_rewards(rewards_per_func, mode, prefix=prefix))
         metrics[f"{prefix}active"].append(playing.float().mean().item())
