@@ -4,10 +4,11 @@
     python benchmarks/generation.py --only epoch     # or: throughput, overheads
     python benchmarks/generation.py --update-readme  # also rewrites the README's table between its markers
 
-Paths: "plain" (TRL's `generate`, the default), "continuous_batching" (`use_transformers_continuous_batching=True`,
-transformers' paged `generate_batch`, one call per agent) and "compiled" (`compile_generation=True`: static KV cache
-and the decoding step compiled by inductor; compiling takes about a minute per model on a CPU, done before timing and
-reported as "compile s").
+Paths: "plain" (TRL's `generate`, the default: one call for all agents, separate models of one architecture
+included), "per_agent" (`generation_mode="per_agent"`: one `generate` call per agent), "continuous_batching"
+(`use_transformers_continuous_batching=True`, transformers' paged `generate_batch`, one call per agent) and
+"compiled" (`compile_generation=True`: static KV cache and the decoding step compiled by inductor; compiling takes
+about a minute per model on a CPU, done before timing and reported as "first call s").
 
 1. throughput: a 2-agent team (separate models, and LoRA adapters on one base with batched generation), the tiny
    (about 90k parameters) and bench-4m (about 4M) models of `multiagent_trl.testing`. One trainer per path, built
@@ -48,9 +49,10 @@ warnings.filterwarnings("ignore", category=UserWarning)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import compare_comlrl as tutorial  # noqa: E402
-from vs_trl import OtherLoad  # noqa: E402
+import vs_trl  # noqa: E402
+from vs_trl import OtherLoad, path_settings  # noqa: E402
 
-PATHS = ("plain", "continuous_batching", "compiled")
+PATHS = vs_trl.PATHS
 # Randomly initialised models of Qwen2.5-0.5B's shape (no weights can be downloaded), for a GPU; "-mini" keeps its
 # vocabulary and head but 2 narrow layers, to check the device script on a CPU.
 QWEN_SHAPES = {
@@ -122,14 +124,6 @@ def model_path(size: str, output_dir: str) -> str:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
-
-
-def path_settings(path: str, backend: str) -> dict:
-    if path == "continuous_batching":
-        return {"use_transformers_continuous_batching": True}
-    if path == "compiled":
-        return {"compile_generation": True, "compile_generation_kwargs": {"backend": backend}}
-    return {}
 
 
 def team(size: str, kind: str, path: str, args: Arguments, max_new_tokens: int, **extra):

@@ -11,6 +11,10 @@ What is compared, for N = 2 agents, on two models built in code (`multiagent_trl
 - LoRA: (a) one TRL `GRPOTrainer` with a LoRA adapter per agent, against (b) a 2-agent LoRA team (one base, two
   adapters) with `generation_mode="batched"` (one `generate` call for both agents). Target: (b) <= 0.75x.
 
+`--paths` adds a team per generation path to the same rounds (`PATHS`: "plain", the default, generates for both
+agents in one `generate` call, separate models included; "per_agent" makes one call per agent; "continuous_batching"
+and "compiled" as in `benchmarks/generation.py`), each against the same TRL steps. Memory is measured for "plain".
+
 Every trainer gets the same prompts, model, settings and reward work: 8 completions of at most 16 tokens per agent and
 step (2 prompts x 4 generations), TRL's defaults otherwise (beta 0, one iteration: after generation, one forward and
 one backward per agent and step, with TRL's default gradient checkpointing).
@@ -39,6 +43,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import platform
 import re
@@ -65,6 +70,10 @@ transformers_logging.disable_progress_bar()  # "Loading weights" bars
 NUM_AGENTS = 2
 SIZES = ("tiny", "bench-4m")
 KINDS = ("separate", "lora")
+# The team's generation paths: "plain" (TRL's `generate`, one call for all agents: the default), "per_agent" (one
+# call per agent), "continuous_batching" (transformers' paged `generate_batch`) and "compiled" (static KV cache and
+# `torch.compile`d decoding).
+PATHS = ("plain", "per_agent", "continuous_batching", "compiled")
 TARGETS = {"separate": 1.10, "lora": 0.75}
 PROMPTS_PER_STEP = 2
 NUM_GENERATIONS = 4
@@ -83,6 +92,11 @@ class Arguments:
     kinds: list[str] = field(
         default_factory=lambda: list(KINDS), metadata={"help": "Team kinds to run.", "choices": list(KINDS)}
     )
+    paths: list[str] = field(
+        default_factory=lambda: ["plain"],
+        metadata={"help": "The team's generation paths, each a team trainer in the same rounds.", "choices": PATHS},
+    )
+    compile_backend: str = field(default="inductor", metadata={"help": "torch.compile backend of the compiled path."})
     rounds: int = field(default=12, metadata={"help": "Alternating rounds of short runs per case."})
     steps_per_run: int = field(default=5, metadata={"help": "Timed steps per run (after 1 warm-up step)."})
     memory_steps: int = field(default=2, metadata={"help": "Steps of each memory run."})
@@ -168,8 +182,22 @@ def settings(output_dir: str, steps: int, **extra) -> dict:
     )
 
 
-def build(setup: str, kind: str, model_path: str, output_dir: str, steps: int) -> list:
-    """The trainers of one setup: N TRL trainers (`"trl"`, one per agent) or one N-agent team (`"team"`)."""
+def path_settings(path: str, backend: str = "inductor") -> dict:
+    """The team's config fields of a generation path (`PATHS`)."""
+    if path == "per_agent":
+        return {"generation_mode": "per_agent"}
+    if path == "continuous_batching":
+        return {"use_transformers_continuous_batching": True}
+    if path == "compiled":
+        return {"compile_generation": True, "compile_generation_kwargs": {"backend": backend}}
+    return {}
+
+
+def build(
+    setup: str, kind: str, model_path: str, output_dir: str, steps: int, path: str = "plain", backend: str = "inductor"
+) -> list:
+    """The trainers of one setup: N TRL trainers (`"trl"`, one per agent) or one N-agent team (`"team"`), the team
+    generating by `path`."""
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -188,12 +216,12 @@ def build(setup: str, kind: str, model_path: str, output_dir: str, steps: int) -
             for i in range(NUM_AGENTS)
         ]
     else:
-        extra = dict(num_agents=NUM_AGENTS, generation_mode="batched")
+        extra = dict(num_agents=NUM_AGENTS, **path_settings(path, backend))
         trainers = [
             MultiAgentGRPOTrainer(
                 model_path,
                 joint_length_reward,
-                args=MultiAgentGRPOConfig(**settings(os.path.join(output_dir, "team"), steps, **extra)),
+                args=MultiAgentGRPOConfig(**settings(os.path.join(output_dir, f"team-{path}"), steps, **extra)),
                 train_dataset=dataset(steps),
                 peft_config=peft_config,
             )
@@ -234,30 +262,41 @@ def alternate(trainers: dict, rounds: int, steps_per_run: int) -> dict[str, list
     return {name: timer.times for name, timer in timers.items()}
 
 
-def speed(size: str, kind: str, output_dir: str, rounds: int, steps_per_run: int) -> dict:
+def speed(size: str, kind: str, args: Arguments) -> list[dict]:
+    """Step times of the N TRL trainers and of one team per generation path, in the same rounds: one result per
+    path."""
     from multiagent_trl.testing import tiny_model_path
 
     model_path = tiny_model_path(size)
-    output_dir = os.path.join(output_dir, f"{size}-{kind}")
-    trainers = dict(enumerate(build("trl", kind, model_path, output_dir, steps_per_run + 1)))
-    (trainers["team"],) = build("team", kind, model_path, output_dir, steps_per_run + 1)
-    times = alternate(trainers, rounds, steps_per_run)
+    output_dir = os.path.join(args.output_dir, f"{size}-{kind}")
+    steps = args.steps_per_run + 1
+    trainers = dict(enumerate(build("trl", kind, model_path, output_dir, steps)))
+    for path in args.paths:
+        (trainers[path],) = build("team", kind, model_path, output_dir, steps, path, args.compile_backend)
+    times = alternate(trainers, args.rounds, args.steps_per_run)
     trl_sums = [sum(step) for step in zip(*(times[i] for i in range(NUM_AGENTS)), strict=True)]
     completions = NUM_AGENTS * PROMPTS_PER_STEP * NUM_GENERATIONS
-    trl_s, team_s = statistics.median(trl_sums), statistics.median(times["team"])
-    quartiles = statistics.quantiles([t / s for t, s in zip(times["team"], trl_sums, strict=True)], n=4)
-    return {
-        "size": size,
-        "kind": kind,
-        "trl_agent_step_s": [statistics.median(times[i]) for i in range(NUM_AGENTS)],
-        "trl_step_s": trl_s,
-        "team_step_s": team_s,
-        "trl_completions_per_s": completions / trl_s,
-        "team_completions_per_s": completions / team_s,
-        "ratio": team_s / trl_s,
-        "ratio_quartiles": (quartiles[0], quartiles[2]),  # of the per-step ratios, for the spread
-        "steps_measured": len(times["team"]),
-    }
+    trl_s = statistics.median(trl_sums)
+    results = []
+    for path in args.paths:
+        team_s = statistics.median(times[path])
+        quartiles = statistics.quantiles([t / s for t, s in zip(times[path], trl_sums, strict=True)], n=4)
+        results.append(
+            {
+                "size": size,
+                "kind": kind,
+                "path": path,
+                "trl_agent_step_s": [statistics.median(times[i]) for i in range(NUM_AGENTS)],
+                "trl_step_s": trl_s,
+                "team_step_s": team_s,
+                "trl_completions_per_s": completions / trl_s,
+                "team_completions_per_s": completions / team_s,
+                "ratio": team_s / trl_s,
+                "ratio_quartiles": (quartiles[0], quartiles[2]),  # of the per-step ratios, for the spread
+                "steps_measured": len(times[path]),
+            }
+        )
+    return results
 
 
 # ---------------------------------------------------------------------------------------------------- memory
@@ -300,20 +339,24 @@ def verdict(result: dict) -> str:
     return "met" if result["ratio"] <= TARGETS[result["kind"]] else "not met"
 
 
+def megabytes(value: float, spec: str = ".0f", unit: str = "") -> str:
+    return "-" if math.isnan(value) else f"{value:{spec}}{unit}"
+
+
 def table(results: list[dict]) -> str:
-    """A Markdown table: one row per case, TRL and the team side by side."""
+    """A Markdown table: one row per case and generation path, TRL and the team side by side."""
     lines = [
-        f"| model | agents | TRL s/step ({NUM_AGENTS} trainers) | team s/step | time ratio (target) | "
-        "TRL compl./s | team compl./s | TRL peak MB | team peak MB | memory ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| model | agents | team's generation | TRL s/step ({NUM_AGENTS} trainers) | team s/step | time ratio "
+        "(target) | TRL compl./s | team compl./s | TRL peak MB | team peak MB | memory ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         kind = "separate models" if r["kind"] == "separate" else "LoRA adapters"
         lines.append(
-            f"| {r['size']} | {kind} | {r['trl_step_s']:.3f} | {r['team_step_s']:.3f} | "
+            f"| {r['size']} | {kind} | {r['path']} | {r['trl_step_s']:.3f} | {r['team_step_s']:.3f} | "
             f"**{r['ratio']:.2f}x** (<= {TARGETS[r['kind']]:.2f}x: {verdict(r)}) | "
-            f"{r['trl_completions_per_s']:.0f} | {r['team_completions_per_s']:.0f} | {r['trl_peak_mb']:.0f} | "
-            f"{r['team_peak_mb']:.0f} | {r['team_peak_mb'] / r['trl_peak_mb']:.2f}x |"
+            f"{r['trl_completions_per_s']:.0f} | {r['team_completions_per_s']:.0f} | {megabytes(r['trl_peak_mb'])} | "
+            f"{megabytes(r['team_peak_mb'])} | {megabytes(r['team_peak_mb'] / r['trl_peak_mb'], '.2f', 'x')} |"
         )
     return "\n".join(lines)
 
@@ -332,7 +375,7 @@ def readme_block(results: list[dict], args: Arguments, seconds: float) -> str:
         f"step, TRL's defaults otherwise; LoRA r=16 on the attention projections. Medians of "
         f"{results[0]['steps_measured']} timed steps per trainer ({args.rounds} alternating rounds of "
         f"{args.steps_per_run}); time ratio = team step / sum of the {NUM_AGENTS} TRL steps; peak MB = peak RSS above "
-        f"imports, one process per setup. Whole run {seconds:.0f} s; other processes used "
+        f"imports, one process per setup (the plain path only). Whole run {seconds:.0f} s; other processes used "
         f"{min(r['other_cpu'] for r in results):.0%}-{max(r['other_cpu'] for r in results):.0%} of the CPUs during "
         "the timed runs."
     )
@@ -368,27 +411,33 @@ def main() -> None:
     for size in args.sizes:
         for kind in args.kinds:
             with OtherLoad() as other:
-                result = speed(size, kind, args.output_dir, args.rounds, args.steps_per_run)
-            result["other_cpu"] = other.share
+                case = speed(size, kind, args)
             peak = {"trl": float("nan"), "team": float("nan")}
             if not args.no_memory:
                 peak = memory(size, kind, args.output_dir, args.memory_steps, args.threads)
-            result.update(trl_peak_mb=peak["trl"], team_peak_mb=peak["team"])
-            results.append(result)
-            trl_agents = " + ".join(f"{t:.3f}" for t in result["trl_agent_step_s"])
-            print(
-                f"{size:<9} {kind:<9} TRL {trl_agents} = {result['trl_step_s']:.3f} s/step, team "
-                f"{result['team_step_s']:.3f} s/step: {result['ratio']:.2f}x (per-step quartiles "
-                f"{result['ratio_quartiles'][0]:.2f}-{result['ratio_quartiles'][1]:.2f}); peak MB above imports: "
-                f"TRL {peak['trl']:.0f}, team {peak['team']:.0f}; other processes' CPU use {other.share:.0%}",
-                flush=True,
-            )
+            for result in case:
+                result["other_cpu"] = other.share
+                plain = result["path"] == "plain"
+                result.update(trl_peak_mb=peak["trl"], team_peak_mb=peak["team"] if plain else float("nan"))
+                results.append(result)
+                trl_agents = " + ".join(f"{t:.3f}" for t in result["trl_agent_step_s"])
+                print(
+                    f"{size:<9} {kind:<9} {result['path']:<19} TRL {trl_agents} = {result['trl_step_s']:.3f} s/step, "
+                    f"team {result['team_step_s']:.3f} s/step: {result['ratio']:.2f}x (per-step quartiles "
+                    f"{result['ratio_quartiles'][0]:.2f}-{result['ratio_quartiles'][1]:.2f}); peak MB above imports: "
+                    f"TRL {peak['trl']:.0f}, team {result['team_peak_mb']:.0f}; other processes' CPU use "
+                    f"{other.share:.0%}",
+                    flush=True,
+                )
     seconds = time.perf_counter() - started
     print()
     print(table(results))
     print()
     for r in results:
-        print(f"{r['size']} {r['kind']}: {r['ratio']:.2f}x, target <= {TARGETS[r['kind']]:.2f}x: {verdict(r)}")
+        print(
+            f"{r['size']} {r['kind']} {r['path']}: {r['ratio']:.2f}x, target <= {TARGETS[r['kind']]:.2f}x: "
+            f"{verdict(r)}"
+        )
     print(f"\ntotal {seconds:.0f} s")
     if args.update_readme:
         update_readme(readme_block(results, args, seconds))

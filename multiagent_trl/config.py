@@ -52,9 +52,10 @@ class MultiAgentGRPOConfig(GRPOConfig):
             One learning rate per agent (its own AdamW parameter group, following the same schedule). `None` uses
             `learning_rate` for every agent.
         generation_mode (`str`, *optional*, defaults to `"batched"`):
-            With one LoRA adapter per agent on a shared base, `"batched"` generates for all agents in one `generate`
-            call (PEFT mixed-adapter batch); `"per_agent"` makes one call per agent. Separate models always generate
-            one agent at a time.
+            `"batched"` generates for all agents in one `generate` call when their generation settings agree, each
+            row with its agent's weights (`multiagent_trl.agent_rows`): LoRA adapters on a shared base, and separate
+            models of one architecture and config (plain models on one device, not sharded; others generate one
+            agent at a time). `"per_agent"` makes one call per agent.
         save_merged_models (`bool`, *optional*, defaults to `False`):
             With LoRA adapters, `save_model` also writes `agent_{i}/merged/`, a full model with the adapter merged in.
         num_turns (`int`, *optional*, defaults to `1`):
@@ -169,8 +170,8 @@ class MultiAgentGRPOConfig(GRPOConfig):
     generation_mode: str = field(
         default="batched",
         metadata={
-            "help": "LoRA teams only: 'batched' generates for all agents in one generate call (mixed-adapter "
-            "batch); 'per_agent' makes one call per agent.",
+            "help": "'batched' generates for all agents in one generate call (LoRA adapters on one base, or "
+            "separate models of one architecture and config); 'per_agent' makes one call per agent.",
             "choices": list(GENERATION_MODES),
         },
     )

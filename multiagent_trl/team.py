@@ -30,6 +30,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from . import generation
+from .agent_rows import AgentRowsLora, AgentRowsModels, same_architecture
 
 
 class AgentTeam(nn.Module):
@@ -53,6 +54,7 @@ class AgentTeam(nn.Module):
             raise ValueError("A team needs at least one agent.")
         self.agents = nn.ModuleList(agents)
         self.active = 0
+        self._batch_rows: list[int] | None = None
 
     @property
     def num_agents(self) -> int:
@@ -104,15 +106,46 @@ class AgentTeam(nn.Module):
     def forward(self, *args, **kwargs):
         return self.active_model()(*args, **kwargs)
 
+    def batches_generation(self) -> bool:
+        """Whether `mixed_batch` can generate for every agent in one call: the agents are plain models of one
+        architecture and config, on one device and unsharded (`agent_rows.same_architecture`)."""
+        return self.num_agents > 1 and same_architecture(self.agents)
+
+    @contextmanager
+    def mixed_batch(self, rows_per_agent: Sequence[int]) -> Iterator[None]:
+        """Generate for all agents in one call: the batch holds agent 0's `rows_per_agent[0]` rows, then agent 1's,
+        ..., and each row is generated with its agent's weights (`agent_rows`)."""
+        self._batch_rows = list(rows_per_agent)
+        try:
+            yield
+        finally:
+            self._batch_rows = None
+
     @torch.no_grad()
     def generate(self, *args, **kwargs):
-        return self.active_model().generate(*args, **kwargs)
+        if self._batch_rows is None:
+            return self.active_model().generate(*args, **kwargs)
+        with AgentRowsModels(self.agents, self._batch_rows):
+            return self.agents[0].generate(*args, **kwargs)
 
     @torch.no_grad()
     def generate_batch(self, inputs: list[list[int]], **kwargs) -> dict:
         """Continuous batching (transformers' `generate_batch`, TRL's `use_transformers_continuous_batching`) for the
-        active agent; see `multiagent_trl.generation`."""
-        return generation.generate_batch(self.active_model(), inputs, **kwargs)
+        active agent or, inside `mixed_batch`, for every agent: one `generate_batch` call per agent, since the paged
+        path chooses the rows of each step itself (see `multiagent_trl.generation`). Returns the outputs in the
+        order of `inputs`."""
+        if self._batch_rows is None:
+            return generation.generate_batch(self.active_model(), inputs, **kwargs)
+        if sum(self._batch_rows) != len(inputs):
+            raise RuntimeError(f"A mixed-agent batch has {sum(self._batch_rows)} rows, but got {len(inputs)} prompts.")
+        outputs, start = {}, 0
+        for index, rows in enumerate(self._batch_rows):
+            with self.use(index):
+                agent_outputs = generation.generate_batch(self.active_model(), inputs[start : start + rows], **kwargs)
+            # Request ids restart at every call: prefix them, so that no agent's output replaces another's.
+            outputs.update({f"agent_{index}/{key}": value for key, value in agent_outputs.items()})
+            start += rows
+        return outputs
 
     def agent_module(self) -> nn.Module:
         """The module that holds the active agent, as it is: unlike `active_model`, reading it changes nothing."""
@@ -197,8 +230,8 @@ class LoraAgentTeam(AgentTeam):
 
     Generation for all agents at once (`mixed_batch`) adds each agent's LoRA update to its own rows, which are
     contiguous: with plain LoRA on linear layers and equal shapes, one batched matmul per layer for all agents
-    (`_AgentRowsLora`); otherwise PEFT's mixed-adapter batch, which gathers and scatters the rows of every adapter in
-    every layer at every decoding step.
+    (`agent_rows.AgentRowsLora`); otherwise PEFT's mixed-adapter batch, which gathers and scatters the rows of every
+    adapter in every layer at every decoding step.
 
     Args:
         model: A `PeftModel` holding one adapter per name in `adapter_names`.
@@ -257,19 +290,10 @@ class LoraAgentTeam(AgentTeam):
             self._agent_parameters[index] = [p for n, p in self.peft_model.named_parameters() if marker in n]
         return self._agent_parameters[index]
 
-    @contextmanager
-    def mixed_batch(self, rows_per_agent: Sequence[int]) -> Iterator[None]:
-        """Generate for all agents in one call: the batch holds agent 0's `rows_per_agent[0]` rows, then agent 1's,
-        ..., and each row is generated with its agent's adapter.
-
-        Generation inside the block runs in eval mode (PEFT refuses mixed-adapter batches in training mode, and
-        the per-row LoRA update skips dropout).
-        """
-        self._batch_rows = list(rows_per_agent)
-        try:
-            yield
-        finally:
-            self._batch_rows = None
+    def batches_generation(self) -> bool:
+        """A LoRA team generates for all its agents in one call (`mixed_batch`, in eval mode: PEFT refuses
+        mixed-adapter batches in training mode, and the per-row LoRA update skips dropout)."""
+        return self.num_agents > 1
 
     @torch.no_grad()
     def generate(self, *args, **kwargs):
@@ -282,35 +306,14 @@ class LoraAgentTeam(AgentTeam):
             if layers is None:  # PEFT's general mixed-adapter batch
                 names = [name for name, n in zip(self.adapter_names, self._batch_rows) for _ in range(n)]
                 return self.peft_model.generate(*args, adapter_names=names, **kwargs)
-            with _AgentRowsLora(layers, self.adapter_names, self._batch_rows):
+            with AgentRowsLora(layers, self.adapter_names, self._batch_rows):
                 return self.peft_model.generate(*args, **kwargs)
         finally:
             self.peft_model.train(was_training)
             self._set_trainable()
 
-    @torch.no_grad()
-    def generate_batch(self, inputs: list[list[int]], **kwargs) -> dict:
-        """Continuous batching for the active agent or, inside `mixed_batch`, for every agent: one `generate_batch`
-        call per agent under its adapter, since the paged path chooses the rows of each step itself (see
-        `multiagent_trl.generation`). Returns the outputs in the order of `inputs`."""
-        if self._batch_rows is None:
-            return generation.generate_batch(self.active_model(), inputs, **kwargs)
-        if sum(self._batch_rows) != len(inputs):
-            raise RuntimeError(f"A mixed-agent batch has {sum(self._batch_rows)} rows, but got {len(inputs)} prompts.")
-        outputs, start, active = {}, 0, self.active
-        try:
-            for index, rows in enumerate(self._batch_rows):
-                self.active = index
-                agent_outputs = generation.generate_batch(self.active_model(), inputs[start : start + rows], **kwargs)
-                # Request ids restart at every call: prefix them, so that no agent's output replaces another's.
-                outputs.update({f"agent_{index}/{key}": value for key, value in agent_outputs.items()})
-                start += rows
-        finally:
-            self.active = active
-        return outputs
-
     def _agent_rows_layers(self, generate_kwargs: dict) -> list[LoraLinear] | None:
-        """The LoRA layers, if `_AgentRowsLora` can run this mixed batch: plain LoRA on linear layers, no adapter
+        """The LoRA layers, if `AgentRowsLora` can run this mixed batch: plain LoRA on linear layers, no adapter
         merged or disabled, no per-adapter module copies (`modules_to_save`), one output row per input row."""
         config = generate_kwargs.get("generation_config") or self.peft_model.generation_config
         for key in ("num_beams", "num_return_sequences"):
@@ -348,70 +351,6 @@ class LoraAgentTeam(AgentTeam):
     def load_agent(self, index: int, directory: str) -> None:
         _load_adapter(self.peft_model, directory, self.adapter_names[index])
         self._set_trainable()
-
-
-class _AgentRowsLora:
-    """Within the block, each LoRA layer computes its base output and adds each agent's LoRA update to that agent's
-    rows of the batch (contiguous, in agent order), instead of PEFT's active adapter.
-
-    With equal rows per agent and adapters of equal rank, bias-free, in every layer: the agents' A and B matrices
-    are stacked once for the block (the scaling folded into B), and each layer adds one `bmm` pair for all agents.
-    Otherwise each agent's slice of rows goes through its own A and B. Dropout is skipped: generation runs in eval
-    mode. Adapter layers are switched off for the block (PEFT then computes the base output only) and back on after.
-    """
-
-    def __init__(self, layers: list[LoraLinear], adapter_names: list[str], rows_per_agent: list[int]):
-        self.layers = layers
-        self.total_rows = sum(rows_per_agent)
-        bounds = torch.tensor([0, *rows_per_agent]).cumsum(0).tolist()
-        self.slices = {name: slice(start, end) for name, start, end in zip(adapter_names, bounds[:-1], bounds[1:])}
-        self.equal_rows = len(set(rows_per_agent)) == 1
-        self.handles = []
-
-    def _update(self, layer: LoraLinear):
-        """The forward hook of one layer: adds the agents' LoRA updates to its base output."""
-        names = [
-            name for name in self.slices if name in layer.lora_A and self.slices[name].stop > self.slices[name].start
-        ]
-        stacked = None
-        if (
-            self.equal_rows
-            and len(names) == len(self.slices)
-            and len({layer.lora_A[name].weight.shape for name in names}) == 1
-            and all(layer.lora_B[name].bias is None for name in names)
-        ):
-            a = torch.stack([layer.lora_A[name].weight.t() for name in names])  # (agents, in, r)
-            # (agents, r, out), with the scaling folded in
-            b = torch.stack([layer.lora_B[name].weight.t() * layer.scaling[name] for name in names])
-            stacked = (a, b)
-
-        def hook(module, args, kwargs, output):
-            x = args[0] if args else kwargs["x"]
-            if x.shape[0] != self.total_rows:
-                raise RuntimeError(f"A mixed-agent batch has {self.total_rows} rows, but a layer got {x.shape[0]}.")
-            if stacked is not None:
-                a, b = stacked
-                rows = x.to(a.dtype).reshape(a.shape[0], -1, x.shape[-1])  # (agents, rows per agent * tokens, in)
-                return output.add_(torch.bmm(torch.bmm(rows, a), b).view_as(output).to(output.dtype))
-            for name in names:
-                part = self.slices[name]
-                lora_a, lora_b = module.lora_A[name], module.lora_B[name]
-                update = lora_b(lora_a(x[part].to(lora_a.weight.dtype))) * module.scaling[name]
-                output[part] += update.to(output.dtype)
-            return output
-
-        return hook
-
-    def __enter__(self) -> None:
-        for layer in self.layers:
-            self.handles.append(layer.register_forward_hook(self._update(layer), with_kwargs=True))
-            layer.enable_adapters(False)
-
-    def __exit__(self, *exc) -> None:
-        for handle in self.handles:
-            handle.remove()
-        for layer in self.layers:
-            layer.enable_adapters(True)  # PEFT leaves only the active adapter trainable; the team restores the rest
 
 
 def _load_adapter(model: PeftModel, directory: str, adapter_name: str) -> None:

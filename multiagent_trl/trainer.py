@@ -369,8 +369,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return {f"agent_{i}/{key}": value for i, output in enumerate(outputs) for key, value in output.items()}
 
     def _rollouts(self, agent_inputs: list[list[dict]], mode: str) -> list[Rollout]:
-        """Every agent generates from its rows' prompts (one `generate` call for all agents of a LoRA team in
-        batched mode)."""
+        """Every agent generates from its rows' prompts (one `generate` call for all agents in batched mode)."""
         prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
         with decoding(self, mode):
             completion_ids = self._generate_batched(prompts) if self._batched_generation() else [None] * len(prompts)
@@ -382,15 +381,14 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def _batched_generation(self) -> bool:
         return (
-            isinstance(self.model, LoraAgentTeam)
-            and self.num_agents > 1
-            and self.args.generation_mode == "batched"
+            self.args.generation_mode == "batched"
+            and self.model.batches_generation()
             and same_generation_settings(self._agent_views)  # else one agent at a time (logged once, at __init__)
         )
 
     def _generate_batched(self, prompts: list[list]) -> list[list[list[int]]]:
-        """Generate for all LoRA agents in one `generate` call (a mixed-adapter batch); one list of completion ids
-        per agent. Decoding and metrics then run per agent in `_generate`, which replays its slice."""
+        """Generate for all agents in one `generate` call (`team.mixed_batch`); one list of completion ids per agent.
+        Decoding and metrics then run per agent in `_generate`, which replays its slice."""
         prompt_ids = []
         for i, agent_prompts in enumerate(prompts):
             with self._agent_view(i):

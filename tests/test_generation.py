@@ -1,11 +1,13 @@
-"""Faster generation for teams: continuous batching and compiled decoding give the plain path's greedy tokens."""
+"""Faster generation for teams: batched generation of separate models, continuous batching and compiled decoding
+give the plain path's greedy tokens."""
 
 import pytest
 import torch
 from peft import LoraConfig
 from transformers.generation import ContinuousBatchingConfig
 
-from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer, generation
+from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer, agent_rows, generation
+from multiagent_trl.team import AgentTeam
 
 from .conftest import small_args
 
@@ -24,24 +26,33 @@ def feedback(row, histories, turn):
     return [f"{row['prompt']} [turn {turn}] you wrote {len(h[-1])}" for h in histories]
 
 
-@pytest.fixture(scope="session")
-def varied_paths(tmp_path_factory, tiny_path, tiny_llama_path) -> tuple[str, str]:
-    """The tiny architectures with larger, untied random weights: the tiny models repeat the prompt's last token under
-    greedy decoding, which would make an equality of tokens hold trivially; these write varied tokens."""
+def varied_model(tmp_path_factory, path: str, seed: int) -> str:
+    """The tiny architecture at `path` with larger, untied random weights drawn with `seed`: the tiny models repeat
+    the prompt's last token under greedy decoding, which would make an equality of tokens hold trivially; these write
+    varied tokens."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    paths = []
-    for k, path in enumerate((tiny_path, tiny_llama_path)):
-        config = AutoConfig.from_pretrained(path, initializer_range=0.1, tie_word_embeddings=False)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(k)
-            model = AutoModelForCausalLM.from_config(config)
-        model.generation_config = AutoModelForCausalLM.from_pretrained(path).generation_config
-        out = tmp_path_factory.mktemp(f"varied-{k}")
-        model.save_pretrained(out)
-        AutoTokenizer.from_pretrained(path).save_pretrained(out)
-        paths.append(str(out))
-    return tuple(paths)
+    config = AutoConfig.from_pretrained(path, initializer_range=0.1, tie_word_embeddings=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config = AutoModelForCausalLM.from_pretrained(path).generation_config
+    out = tmp_path_factory.mktemp(f"varied-{seed}")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(path).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def varied_paths(tmp_path_factory, tiny_path, tiny_llama_path) -> tuple[str, str]:
+    """Two architectures (Qwen2, Llama) with varied weights."""
+    return varied_model(tmp_path_factory, tiny_path, 0), varied_model(tmp_path_factory, tiny_llama_path, 1)
+
+
+@pytest.fixture(scope="session")
+def twin_paths(tmp_path_factory, varied_paths, tiny_path) -> tuple[str, str]:
+    """Two models of one architecture and config (Qwen2) with different varied weights."""
+    return varied_paths[0], varied_model(tmp_path_factory, tiny_path, 2)
 
 
 def team(tmp_path, kind, paths, dataset, reward=ratio, **overrides):
@@ -156,9 +167,13 @@ def test_compiled_decoding_generates_the_plain_greedy_tokens(tmp_path, varied_pa
     compiled = completions(trainer, prompts_dataset)
     for key in plain:
         assert torch.equal(plain[key], compiled[key]), key
-    # transformers keeps one compiled call per model: each agent's model was compiled once, and a second generation
-    # reuses it.
+    # transformers keeps one compiled call per model: the generating model was compiled once, and a second generation
+    # reuses it. Both kinds generate for the two agents in one call: the LoRA team through its base, separate models
+    # of one architecture through agent 0's model (`agent_rows.AgentRowsModels`).
     models = [m.get_base_model() if hasattr(m, "get_base_model") else m for m in trainer.model.models()]
+    if kind == "separate":
+        assert not hasattr(models[1], "_compiled_call")
+        models = models[:1]
     compiled_calls = [m._compiled_call for m in models]
     completions(trainer, prompts_dataset)
     assert [m._compiled_call for m in models] == compiled_calls
@@ -186,3 +201,75 @@ def test_paged_cache_is_sized_from_the_workload_on_cpu():
     given = ContinuousBatchingConfig(num_blocks=7)
     assert generation.sized_continuous_batching_config(given, inputs, None, torch.device("cpu")) is given
     assert generation.sized_continuous_batching_config(None, inputs, None, torch.device("meta")).num_blocks is None
+
+
+@pytest.fixture
+def count_agent_rows(monkeypatch):
+    """The rows of every batched generation of separate models (the real one runs)."""
+    calls = []
+
+    class Counting(agent_rows.AgentRowsModels):
+        def __enter__(self):
+            calls.append(list(self.rows))
+            return super().__enter__()
+
+    monkeypatch.setattr("multiagent_trl.team.AgentRowsModels", Counting)
+    return calls
+
+
+def test_separate_models_of_one_architecture_generate_in_one_call(
+    tmp_path, twin_paths, prompts_dataset, count_agent_rows
+):
+    per_agent = completions(team(tmp_path, "separate", twin_paths, prompts_dataset, generation_mode="per_agent"),
+                            prompts_dataset)  # fmt: skip
+    assert count_agent_rows == []
+    trainer = team(tmp_path, "separate", twin_paths, prompts_dataset)
+    assert trainer.args.generation_mode == "batched" and trainer._batched_generation()
+    modules = [m for agent in trainer.model.agents for m in agent.modules()]
+    forwards = [vars(m).get("forward") for m in modules]  # TRL wraps some forwards itself (the fused LM head)
+    batched = completions(trainer, prompts_dataset)
+    assert count_agent_rows == [[2 * G, 2 * G]]  # one call, each agent's 8 rows
+    for key in per_agent:
+        assert torch.equal(per_agent[key], batched[key]), key
+    assert not torch.equal(batched["agent_0/completion_ids"], batched["agent_1/completion_ids"])  # the agents differ
+    # Every module is back to the forward it had: a later call of one agent alone is unchanged.
+    assert [vars(m).get("forward") for m in modules] == forwards
+
+
+@pytest.mark.parametrize("rows", [(4, 4), (3, 5), (2, 3, 3)])
+def test_each_agent_rows_get_the_tokens_of_the_agent_alone(twin_paths, rows):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    paths = [twin_paths[i % 2] for i in range(len(rows))]
+    team = AgentTeam([AutoModelForCausalLM.from_pretrained(path) for path in paths])
+    tokenizer = AutoTokenizer.from_pretrained(paths[0])
+    inputs = tokenizer([f"prompt {i} " + "x" * i for i in range(sum(rows))], return_tensors="pt", padding=True)
+    settings = dict(max_new_tokens=8, do_sample=False)
+    bounds = torch.tensor([0, *rows]).cumsum(0).tolist()
+    expected = [
+        agent.generate(**{k: v[start:end] for k, v in inputs.items()}, **settings)
+        for agent, start, end in zip(team.agents, bounds[:-1], bounds[1:])
+    ]
+    assert team.batches_generation()
+    with team.mixed_batch(rows):
+        together = team.generate(**inputs, **settings)
+    assert torch.equal(together, torch.cat(expected))
+    assert not torch.equal(expected[0][:2], expected[1][:2])  # the two weights do give different tokens
+
+
+def test_only_models_of_one_architecture_and_config_batch(tiny_path, tiny_llama_path, twin_paths):
+    from peft import get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    def load(path, **config):
+        return AutoModelForCausalLM.from_pretrained(path, **config)
+
+    assert agent_rows.same_architecture([load(twin_paths[0]), load(twin_paths[1])])
+    assert not agent_rows.same_architecture([load(tiny_path), load(tiny_llama_path)])  # two architectures
+    # One architecture and the same parameters, another config (the norms' epsilon is no parameter or buffer).
+    other = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_path, rms_norm_eps=1e-2))
+    assert not agent_rows.same_architecture([load(tiny_path), other])
+    assert not agent_rows.same_architecture([load(tiny_path), load(tiny_path, dtype=torch.bfloat16)])
+    lora = get_peft_model(load(tiny_path), LoraConfig(r=4, target_modules=["q_proj"]))
+    assert not agent_rows.same_architecture([load(tiny_path), lora])  # an adapter changes what a layer computes
+    assert not AgentTeam([load(tiny_path)]).batches_generation()  # a team of one has nothing to batch

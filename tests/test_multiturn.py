@@ -16,10 +16,10 @@ def feedback(row, histories, turn):
     return [f"{row['prompt']} [turn {turn}] you wrote {len(h[-1])}, target {row['target']}" for h in histories]
 
 
-def trainer_for(tmp_path, tiny_path, dataset, transition=feedback, **overrides):
+def trainer_for(tmp_path, tiny_path, dataset, transition=feedback, reward=id_reward, **overrides):
     args = small_args(tmp_path, num_agents=2, num_turns=2, **overrides)
     return MultiAgentGRPOTrainer(
-        model=tiny_path, reward_funcs=id_reward, args=args, train_dataset=dataset, external_transition=transition
+        model=tiny_path, reward_funcs=reward, args=args, train_dataset=dataset, external_transition=transition
     )
 
 
@@ -90,13 +90,18 @@ def test_early_termination_masks_ended_trajectories(tmp_path, tiny_path, prompts
         calls.append(turn)
         return feedback(row, histories, turn)
 
-    trainer = trainer_for(tmp_path, tiny_path, prompts_dataset, transition, early_termination_threshold=0.0)
-    trainer.model.train()
-    output = trainer._generate_and_score_completions(generation_batch(prompts_dataset))
+    def by_target(prompts, completions, target, **kwargs):  # above the threshold for the rows of target 3 only
+        return [2.0 if t == 3 else 0.0 for t in target]
 
-    r0 = torch.tensor(id_reward(None, None, list(zip(*[completion_ids_of_turn(output, a, 0) for a in range(2)]))))
-    ended = r0 > 0.0
-    assert 0 < ended.sum() < len(r0), "the test needs both ended and continuing trajectories"
+    trainer = trainer_for(
+        tmp_path, tiny_path, prompts_dataset, transition, reward=by_target, early_termination_threshold=1.0
+    )
+    trainer.model.train()
+    batch = generation_batch(prompts_dataset)
+    output = trainer._generate_and_score_completions(batch)
+
+    ended = torch.tensor([row["target"] == 3 for row in batch])
+    assert 0 < ended.sum() < len(batch), "the test needs both ended and continuing trajectories"
     assert len(calls) == (~ended).sum()  # no transition for ended trajectories
     for agent in range(2):
         turn_1 = {k.split("/", 2)[2]: v for k, v in output.items() if k.startswith(f"agent_{agent}/turn_1/")}

@@ -41,6 +41,10 @@ def make_trainer(out_dir: str, kind: str, run: str, **overrides) -> MultiAgentGR
         save_strategy="no",
         seed=0,
     )
+    if kind == "full":
+        # Sharded separate models generate one agent at a time (batching them would gather every agent at once);
+        # the DDP run does too, so that both engines sample the same tokens.
+        settings["generation_mode"] = "per_agent"
     args = MultiAgentGRPOConfig(**{**settings, **overrides})
     dataset = Dataset.from_dict({"prompt": [f"Row {i}: tell a story." for i in range(8)]})
     return MultiAgentGRPOTrainer(
