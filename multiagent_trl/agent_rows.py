@@ -98,12 +98,15 @@ class AgentRowsModels:
                     return value.split(sizes)
                 return [value] * len(sizes)
 
-            parts = [split(a) for a in (x, *args)]
-            keyword_parts = {k: split(v) for k, v in kwargs.items()}
-            outputs = [
-                f(*(p[i] for p in parts), **{k: v[i] for k, v in keyword_parts.items()})
-                for i, f in enumerate(forwards)
-            ]
+            if not args and not kwargs:  # the common case (linear layers, norms, embeddings), run every step
+                outputs = [f(part) for f, part in zip(forwards, x.split(sizes))]
+            else:
+                parts = [split(a) for a in (x, *args)]
+                keyword_parts = {k: split(v) for k, v in kwargs.items()}
+                outputs = [
+                    f(*(p[i] for p in parts), **{k: v[i] for k, v in keyword_parts.items()})
+                    for i, f in enumerate(forwards)
+                ]
             if isinstance(outputs[0], torch.Tensor):
                 return torch.cat(outputs)
             if isinstance(outputs[0], tuple) and all(isinstance(t, torch.Tensor) for t in outputs[0]):
