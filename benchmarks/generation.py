@@ -35,6 +35,7 @@ import os
 import platform
 import statistics
 import sys
+import textwrap
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -431,6 +432,7 @@ def report(args: Arguments, throughput, epoch, overheads) -> str:
         f"{transformers.__version__}, TRL {trl.__version__}. Medians.",
         "",
     ]
+    lines[0] = textwrap.fill(lines[0], width=118)
     if throughput:
         plain = {(r["size"], r["kind"]): r["tokens_per_s"] for r in throughput if r["path"] == "plain"}
         lines += [

@@ -201,7 +201,7 @@ class AgentTeam(nn.Module):
 
     def activation_checkpointing_enable(self, *args, **kwargs) -> None:
         for model in self.models():
-            model.activation_checkpointing_enable(*args, **kwargs)
+            _enable_checkpointing(model, "activation_checkpointing_enable", *args, **kwargs)
 
     def activation_checkpointing_disable(self) -> None:
         for model in self.models():
@@ -209,7 +209,7 @@ class AgentTeam(nn.Module):
 
     def gradient_checkpointing_enable(self, *args, **kwargs) -> None:
         for model in self.models():
-            model.gradient_checkpointing_enable(*args, **kwargs)
+            _enable_checkpointing(model, "gradient_checkpointing_enable", *args, **kwargs)
 
     def gradient_checkpointing_disable(self) -> None:
         for model in self.models():
@@ -351,6 +351,22 @@ class LoraAgentTeam(AgentTeam):
     def load_agent(self, index: int, directory: str) -> None:
         _load_adapter(self.peft_model, directory, self.adapter_names[index])
         self._set_trainable()
+
+
+def _enable_checkpointing(model: nn.Module, method: str, *args, **kwargs) -> None:
+    """`model.<method>(...)`, keeping one input-embedding hook of `enable_input_require_grads`.
+
+    transformers (5.24) registers a new hook at every enable and its disable leaves them in place; TRL switches
+    checkpointing off and back on around every generation and scoring pass, so the hooks would grow by two per model
+    and step, each one run at every forward of the embeddings (every decoding step), and each a new guard failure,
+    so a recompile, for compiled decoding.
+    """
+    had_hooks = bool(getattr(model, "_require_grads_hooks", None))
+    if had_hooks:
+        model.disable_input_require_grads()
+    getattr(model, method)(*args, **kwargs)
+    if had_hooks and not getattr(model, "_require_grads_hooks", None):  # the enable did not add it back: restore it
+        model.enable_input_require_grads()
 
 
 def _load_adapter(model: PeftModel, directory: str, adapter_name: str) -> None:

@@ -273,3 +273,22 @@ def test_only_models_of_one_architecture_and_config_batch(tiny_path, tiny_llama_
     lora = get_peft_model(load(tiny_path), LoraConfig(r=4, target_modules=["q_proj"]))
     assert not agent_rows.same_architecture([load(tiny_path), lora])  # an adapter changes what a layer computes
     assert not AgentTeam([load(tiny_path)]).batches_generation()  # a team of one has nothing to batch
+
+
+@pytest.mark.parametrize("kind", ["separate", "lora"])
+def test_steps_add_no_input_embedding_hooks(tmp_path, twin_paths, prompts_dataset, kind):
+    # TRL switches checkpointing off and on around every generation; transformers adds a hook to the input
+    # embeddings at every enable (two per step and model, each run at every decoding step) unless the team drops it.
+    trainer = team(tmp_path, kind, twin_paths, prompts_dataset, max_steps=1, gradient_checkpointing=True)
+    embeddings = [model.get_input_embeddings() for model in trainer.model.models()]
+
+    def hooks():
+        return [len(e._forward_hooks) for e in embeddings]
+
+    trainer.train()
+    after_one = hooks()
+    assert all(n >= 1 for n in after_one)  # checkpointing's own hook is there, once
+    trainer.args.max_steps = 4
+    trainer.train()
+    assert hooks() == after_one
+    assert trainer.model.is_gradient_checkpointing
