@@ -383,7 +383,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return (
             self.args.generation_mode == "batched"
             and self.model.batches_generation()
-            and same_generation_settings(self._agent_views)  # else one agent at a time (logged once, at __init__)
+            and same_generation_settings(self._agent_views)  # else one at a time (a LoRA team logs it at __init__)
         )
 
     def _generate_batched(self, prompts: list[list]) -> list[list[list[int]]]:
