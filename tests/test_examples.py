@@ -46,7 +46,7 @@ def test_model_tiny_reads_tiny_yaml(story):
     assert model_args.model_name_or_path == "tiny" and not model_args.use_peft
     # tiny.yaml's values, not MAGRPOConfig's defaults (5e-6, 256 tokens, 20 epochs, 50 logging steps).
     assert (config.learning_rate, config.max_completion_length, config.num_train_epochs) == (3e-3, 32, 40)
-    assert (config.logging_steps, config.num_generations, config.seed) == (5, 8, 42)
+    assert (config.logging_steps, config.num_generations, config.seed) == (5, 8, 2)
     assert config.per_device_train_batch_size == 16  # rollout_buffer_size (2 prompts) x num_generations
     assert config.save_strategy == "no" and config.report_to == []
 
