@@ -158,22 +158,23 @@ def seed_everything(seed: int, threads: int) -> None:
     torch.manual_seed(seed)
 
 
-def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str, advantage_mode: str) -> dict:
-    """multiagent_trl: per-step joint rewards from `log_history`, plus every raw reward (cross-check)."""
+# CoMLRL's AdamW: constant learning rate, weight decay 0.01, no gradient clipping (`--ours-optimizer matched`).
+MATCHED_OPTIMIZER = dict(lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=0.0)
+
+
+def ours_trainer(
+    settings: Settings, model_path: str, output_dir: str, *, epochs: int, seed: int, advantage_mode: str, reward,
+    **extra,
+):  # fmt: skip
+    """multiagent_trl's `MAGRPOTrainer` on the tutorial's task; `extra`: more `MAGRPOConfig` fields."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, RewardProcessors
 
-    seed_everything(seed, settings.threads)
-    optimizer = (
-        dict(lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=0.0)
-        if settings.ours_optimizer == "matched"
-        else {}
-    )
     config = MAGRPOConfig(
         output_dir=output_dir,
-        num_train_epochs=settings.epochs,
+        num_train_epochs=epochs,
         agent_learning_rate=settings.learning_rate,
         logging_steps=1,
         num_agents=2,
@@ -191,44 +192,28 @@ def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str, 
         report_to="none",
         save_strategy="no",
         disable_tqdm=True,
-        use_transformers_continuous_batching=settings.generation_path == "continuous_batching",
-        compile_generation=settings.generation_path == "compiled",
-        **optimizer,
+        **extra,
     )
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    agents = [AutoModelForCausalLM.from_pretrained(model_path) for _ in range(2)]
-    reward = RecordedReward()
-    trainer = MAGRPOTrainer(
-        agents=agents,
+    return MAGRPOTrainer(
+        agents=[AutoModelForCausalLM.from_pretrained(model_path) for _ in range(2)],
         reward_func=reward,
         reward_processor=RewardProcessors.scale(factor=REWARD_SCALE),
         args=config,
         train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
-        tokenizer=tokenizer,
+        tokenizer=AutoTokenizer.from_pretrained(model_path),
     )
-    start, cpu_start = time.perf_counter(), time.process_time()
-    trainer.train()
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    step_rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
-    return {
-        "step_rewards": step_rewards,
-        "raw_rewards": reward.rewards,
-        "train_seconds": wall,
-        "train_cpu_seconds": cpu,
-    }
 
 
-def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str, advantage_mode: str) -> dict:
-    """CoMLRL: every raw reward its reward function returns (one call per aligned joint sample)."""
+def comlrl_trainer(settings: Settings, model_path: str, *, epochs: int, advantage_mode: str, reward):
+    """CoMLRL 1.4.3's `MAGRPOTrainer` on the tutorial's task, with the same settings."""
     os.environ.setdefault("WANDB_MODE", "disabled")
     from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
     from comlrl.utils.reward_processor import RewardProcessors
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    seed_everything(seed, settings.threads)
     config = MAGRPOConfig(
-        num_train_epochs=settings.epochs,
+        num_train_epochs=epochs,
         agent_learning_rate=settings.learning_rate,
         logging_steps=1,
         num_agents=2,
@@ -244,19 +229,49 @@ def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str
         advantage_mode=advantage_mode,
         advantage_normalization=settings.advantage_normalization,
     )
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    agents = [AutoModelForCausalLM.from_pretrained(model_path) for _ in range(2)]
-    reward = RecordedReward()
     trainer = MAGRPOTrainer(
-        agents=agents,
+        agents=[AutoModelForCausalLM.from_pretrained(model_path) for _ in range(2)],
         reward_func=reward,
         reward_processor=RewardProcessors.scale(factor=REWARD_SCALE),
         args=config,
         train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
-        tokenizer=tokenizer,
+        tokenizer=AutoTokenizer.from_pretrained(model_path),
         wandb_config=None,  # no wandb.init; the reward wrapper is the log
     )
     trainer.verbose = False  # no tqdm bars (CoMLRL reads this from wandb_config, which must stay None)
+    return trainer
+
+
+def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str, advantage_mode: str) -> dict:
+    """multiagent_trl: per-step joint rewards from `log_history`, plus every raw reward (cross-check)."""
+    from vs_trl import path_settings
+
+    seed_everything(seed, settings.threads)
+    optimizer = MATCHED_OPTIMIZER if settings.ours_optimizer == "matched" else {}
+    reward = RecordedReward()
+    trainer = ours_trainer(
+        settings, model_path, output_dir, epochs=settings.epochs, seed=seed, advantage_mode=advantage_mode,
+        reward=reward, **optimizer, **path_settings(settings.generation_path),
+    )  # fmt: skip
+    start, cpu_start = time.perf_counter(), time.process_time()
+    trainer.train()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    step_rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
+    return {
+        "step_rewards": step_rewards,
+        "raw_rewards": reward.rewards,
+        "train_seconds": wall,
+        "train_cpu_seconds": cpu,
+    }
+
+
+def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str, advantage_mode: str) -> dict:
+    """CoMLRL: every raw reward its reward function returns (one call per aligned joint sample)."""
+    seed_everything(seed, settings.threads)
+    reward = RecordedReward()
+    trainer = comlrl_trainer(
+        settings, model_path, epochs=settings.epochs, advantage_mode=advantage_mode, reward=reward
+    )
     start, cpu_start = time.perf_counter(), time.process_time()
     trainer.train()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start

@@ -222,76 +222,17 @@ def run_throughput(args: Arguments) -> list[dict]:
 
 
 def comlrl_trainer(settings: tutorial.Settings, model_path: str):
-    from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
-    from comlrl.utils.reward_processor import RewardProcessors
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    config = MAGRPOConfig(
-        num_train_epochs=1,
-        agent_learning_rate=settings.learning_rate,
-        logging_steps=1,
-        num_agents=2,
-        num_generations=settings.num_generations,
-        max_new_tokens=settings.max_new_tokens,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        num_turns=1,
-        joint_mode="aligned",
-        eval_interval=0,
-        rollout_buffer_size=settings.rollout_buffer_size,
+    return tutorial.comlrl_trainer(
+        settings, model_path, epochs=1, advantage_mode="mean", reward=tutorial.RecordedReward()
     )
-    trainer = MAGRPOTrainer(
-        agents=[AutoModelForCausalLM.from_pretrained(model_path) for _ in range(2)],
-        reward_func=tutorial.RecordedReward(),
-        reward_processor=RewardProcessors.scale(factor=tutorial.REWARD_SCALE),
-        args=config,
-        train_dataset=Dataset.from_dict({"prompt": tutorial.TRAIN_PROMPTS}),
-        tokenizer=AutoTokenizer.from_pretrained(model_path),
-        wandb_config=None,
-    )
-    trainer.verbose = False
-    return trainer
 
 
 def ours_trainer(settings: tutorial.Settings, model_path: str, path: str, args: Arguments):
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, RewardProcessors
-
-    config = MAGRPOConfig(
-        output_dir=os.path.join(args.output_dir, f"epoch-{path}"),
-        num_train_epochs=1,
-        agent_learning_rate=settings.learning_rate,
-        logging_steps=1,
-        num_agents=2,
-        num_generations=settings.num_generations,
-        num_turns=1,
-        max_new_tokens=settings.max_new_tokens,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        rollout_buffer_size=settings.rollout_buffer_size,
-        seed=0,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        lr_scheduler_type="constant",
-        weight_decay=0.01,
-        max_grad_norm=0.0,
-        bf16=args.bf16,
+    return tutorial.ours_trainer(
+        settings, model_path, os.path.join(args.output_dir, f"epoch-{path}"), epochs=1, seed=0,
+        advantage_mode="mean", reward=tutorial.RecordedReward(), bf16=args.bf16, **tutorial.MATCHED_OPTIMIZER,
         **path_settings(path, args.compile_backend),
-    )
-    return MAGRPOTrainer(
-        agents=[AutoModelForCausalLM.from_pretrained(model_path) for _ in range(2)],
-        reward_func=tutorial.RecordedReward(),
-        reward_processor=RewardProcessors.scale(factor=tutorial.REWARD_SCALE),
-        args=config,
-        train_dataset=Dataset.from_dict({"prompt": tutorial.TRAIN_PROMPTS}),
-        tokenizer=AutoTokenizer.from_pretrained(model_path),
-    )
+    )  # fmt: skip
 
 
 def run_epoch(args: Arguments) -> list[dict]:
