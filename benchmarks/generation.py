@@ -102,34 +102,29 @@ class Arguments:
 def model_path(size: str, output_dir: str) -> str:
     """A model folder: the tiny models of `multiagent_trl.testing`, or a random model of Qwen2.5-0.5B's shape with the
     byte tokenizer grown to Qwen's vocabulary (placeholder tokens), built once under `output_dir`."""
-    from multiagent_trl.testing import tiny_model_path, tiny_tokenizer
+    from multiagent_trl.testing import (
+        byte_level_config,
+        is_model_folder,
+        save_model_folder,
+        tiny_model_path,
+        tiny_tokenizer,
+    )
 
     if size not in QWEN_SHAPES:
         return tiny_model_path(size)
     folder = Path(output_dir) / f"{size}-model"
-    if (folder / "config.json").exists():
+    if is_model_folder(folder):
         return str(folder)
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     tokenizer = tiny_tokenizer()
     tokenizer.add_tokens([f"<t{i}>" for i in range(QWEN_VOCAB - len(tokenizer))])
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        **QWEN_SHAPES[size],
-    )
+    config = byte_level_config(tokenizer, max_position_embeddings=4096, **QWEN_SHAPES[size])
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return save_model_folder(folder, model, tokenizer)
 
 
 def team(size: str, kind: str, path: str, args: Arguments, max_new_tokens: int, **extra):

@@ -96,30 +96,50 @@ def tiny_model_path(architecture: str = "tiny", seed: int = 0) -> str:
     if architecture not in ARCHITECTURES:
         raise ValueError(f"Unknown tiny architecture {architecture!r}; choose one of {sorted(ARCHITECTURES)}.")
     path = cache_dir() / f"{architecture}-seed{seed}-v{FORMAT_VERSION}"
-    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+    if is_model_folder(path):
         return str(path)
 
     tokenizer = tiny_tokenizer()
     config_class, sizes = ARCHITECTURES[architecture]
-    config = config_class(
+    config = byte_level_config(tokenizer, config_class, max_position_embeddings=1024, **sizes)
+    with torch.random.fork_rng(devices=[]):  # leave the caller's random state untouched
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return save_model_folder(path, model, tokenizer)
+
+
+def byte_level_config(tokenizer: PreTrainedTokenizerFast, config_class=Qwen2Config, **fields):
+    """A causal LM config for a byte-level tokenizer: its vocabulary and special tokens (no BOS), tied embeddings;
+    `fields` sets the sizes and anything else."""
+    return config_class(
         vocab_size=len(tokenizer),
-        max_position_embeddings=1024,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
-        **sizes,
+        **fields,
     )
-    with torch.random.fork_rng(devices=[]):  # leave the caller's random state untouched
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def is_model_folder(path: Path) -> bool:
+    """Whether `path` holds a model and tokenizer that `save_model_folder` finished writing."""
+    return (path / "config.json").exists() and (path / "tokenizer.json").exists()
+
+
+def save_model_folder(path: Path, model, tokenizer, files: dict[str, str] | None = None) -> str:
+    """Save `model` (its generation config given the tokenizer's end and padding tokens), `tokenizer` and `files`
+    (name -> text) to `path`, like a hub model, and return it as a string.
+
+    The folder is written under a temporary name and renamed, so a concurrent or interrupted build never leaves a
+    half-written model; when another process finished first, its folder is kept.
+    """
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-
-    # Write to a temporary folder and rename, so a concurrent or interrupted build never leaves a half-written model.
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    for name, text in (files or {}).items():
+        (tmp / name).write_text(text)
     try:
         tmp.rename(path)
     except OSError:  # another process finished first

@@ -12,13 +12,12 @@ tool-calling loop run on it.
 from __future__ import annotations
 
 import copy
-import os
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from trl.chat_template_utils import qwen3_template
 
-from .testing import byte_level_backend, cache_dir
+from .testing import byte_level_backend, byte_level_config, cache_dir, is_model_folder, save_model_folder
 
 CAPITALS = {"France": "Paris", "Peru": "Lima", "Japan": "Tokyo"}
 
@@ -125,22 +124,13 @@ def tiny_tool_caller_path(seed: int = 0) -> str:
         A folder that `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` load.
     """
     path = cache_dir() / f"tiny-tool-caller-seed{seed}-v{FORMAT_VERSION}"
-    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+    if is_model_folder(path):
         return str(path)
     tokenizer = tool_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
+    config = byte_level_config(
+        tokenizer, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048,
+    )  # fmt: skip
     examples = _examples(tokenizer)
     width = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), width), tokenizer.pad_token_id)
@@ -161,17 +151,4 @@ def tiny_tool_caller_path(seed: int = 0) -> str:
             loss.backward()
             optimizer.step()
     model.eval()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")  # write, then rename: no half-written model is seen
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    with open(tmp / "final_loss.txt", "w") as f:
-        f.write(f"{loss.item():.6f}\n")
-    try:
-        tmp.rename(path)
-    except OSError:  # another process finished first
-        if not (path / "config.json").exists():
-            raise
-    return str(path)
+    return save_model_folder(path, model, tokenizer, files={"final_loss.txt": f"{loss.item():.6f}\n"})
