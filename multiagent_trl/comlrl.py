@@ -18,6 +18,7 @@ CoMLRL's reward calling conventions (`rewards.py`). The README's "For CoMLRL use
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import os
@@ -36,6 +37,8 @@ from .config import MultiAgentGRPOConfig
 from .evaluation import EvalTrajectories, turn_metrics
 from .loading import load_agents, load_processing_classes
 from .trainer import MultiAgentGRPOTrainer
+
+logger = logging.getLogger(__name__)
 
 # CoMLRL's advantage_mode -> the core's advantage_baseline.
 ADVANTAGE_MODES = {"mean": "mean", "raw": "none", "max": "max", "rloo": "leave_one_out"}
@@ -58,10 +61,19 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
             Maximum completion length; maps to `max_completion_length`.
         num_turns (`int`, *optional*, defaults to `2`):
             Turns per episode (CoMLRL's default: a script that trains one turn says `num_turns=1`); more than one
-            needs the trainer's `external_transition`. `discount`, `joint_mode` and `external_prompt_passthrough` are
-            the same fields as in [`MultiAgentGRPOConfig`].
+            needs the trainer's `external_transition`. The rollout is CoMLRL's tree (`rollout="tree"`): every joint
+            sample of a turn spawns a node of `num_generations` joint samples at the next; `joint_mode` and
+            `external_prompt_passthrough` are the same fields as in [`MultiAgentGRPOConfig`].
+        discount (`float`, *optional*, defaults to `1.0`):
+            Accepted as CoMLRL accepts it, and, as in CoMLRL 1.4.3, unused: training returns are undiscounted
+            (`discount` is set to 1.0, and a value other than 1.0 is warned about once; the given value stays in
+            `comlrl_discount`).
         early_termination_threshold (`float` or `None`, *optional*, defaults to `-0.2`):
-            A trajectory ends after a turn whose joint reward exceeds it. `None` runs every turn.
+            A node whose mean joint reward exceeds it has no children (CoMLRL's node-level termination). `None` runs
+            every turn.
+        cross_credit (`str`, *optional*, defaults to `"sum"`):
+            With `joint_mode="cross"`, a completion is credited with the sum of the returns of the tuples that hold
+            it, as CoMLRL does (the core's default is the mean; the two differ without `advantage_normalization`).
         advantage_mode (`str`, *optional*, defaults to `"mean"`):
             Baseline of the advantage within a group, CoMLRL's names of `advantage_baseline`: `"mean"` (group mean,
             GRPO), `"raw"` (no baseline), `"max"` (group max), `"rloo"` (leave-one-out mean).
@@ -70,7 +82,12 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
             `scale_rewards="group"` (`True`) or `"none"` (`False`). As in CoMLRL, with normalization every
             `advantage_mode` gives the same (GRPO) advantages.
         rollout_buffer_size (`int`, *optional*, defaults to `2`):
-            Prompts per generation batch (CoMLRL updates once this many prompt groups are buffered).
+            Prompts per generation batch. CoMLRL buffers this many *nodes* per agent and then takes one optimizer
+            step per turn present in the buffer; with one turn a node is a prompt, so the step counts agree. With
+            several turns a prompt's tree has `1 + G + ... + G**(T-1)` nodes (aligned), and CoMLRL takes about that
+            many times more steps per prompt; here each generation batch's whole tree is split into
+            `steps_per_generation` steps. For CoMLRL's number of updates, lower `rollout_buffer_size` (fewer prompts
+            per step) or raise `num_train_epochs`.
         train_batch_size (`int` or `None`, *optional*, defaults to `None`):
             Prompts per optimizer step within a buffer; `None` is `rollout_buffer_size` (one step per buffer).
             Maps to `per_device_train_batch_size = train_batch_size * num_generations` and `steps_per_generation =
@@ -114,6 +131,9 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
     top_p: float = field(default=0.6, metadata={"help": "Nucleus sampling probability."})
     top_k: int | None = field(default=50, metadata={"help": "Top-k sampling; None or 0 disables it."})
     num_turns: int = field(default=2, metadata={"help": "Turns per episode (CoMLRL's default, 2)."})
+    cross_credit: str = field(
+        default="sum", metadata={"help": "joint_mode='cross': credit a completion with its tuples' 'sum' (CoMLRL)."}
+    )
 
     agent_learning_rate: float | None = field(
         default=5e-6, metadata={"help": "Learning rate of every agent (CoMLRL name of `learning_rate`)."}
@@ -153,6 +173,14 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
 
     def __post_init__(self):
         self._check_comlrl_fields()
+        self.comlrl_discount = self.discount
+        if self.discount != 1.0:
+            logger.warning(
+                "MAGRPOConfig: `discount=%s` is not used in training, as in CoMLRL 1.4.3 (its training return is the "
+                "undiscounted reward sum); returns are undiscounted. For discounted returns use MultiAgentGRPOConfig.",
+                self.discount,
+            )
+        self.discount = 1.0
         if self.agent_learning_rate is not None:
             self.learning_rate = self.agent_learning_rate
         if self.max_new_tokens is not None:
@@ -340,6 +368,7 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
     default_config_cls: type[MAGRPOConfig] = MAGRPOConfig
     algorithm_name = "MAGRPO"
     record_eval_trajectories = True
+    rewards_per_sample = True  # CoMLRL calls its reward function once per joint sample and takes the first value
 
     def __init__(
         self,
@@ -401,6 +430,15 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
         output = sections.get("output") if isinstance(sections, dict) else None
         if isinstance(output, dict) and "verbose" in output:
             self.verbose = bool(output["verbose"])
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        # CoMLRL's training name of a turn's mean reward, `turn_k/reward_mean`, beside TRL's `turn_k/reward` (in
+        # evaluation, `trajectory_metrics` computes CoMLRL's per-trajectory values under that name).
+        if self.model.training:
+            metrics = self._metrics["train"]
+            for key in [k for k in metrics if k.startswith("turn_") and k.endswith("/reward")]:
+                metrics[f"{key}_mean"] = list(metrics[key])
+        super().log(logs, start_time)
 
     # ------------------------------------------------------------------ what CoMLRL scripts do after construction
 

@@ -12,6 +12,8 @@ from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig
 
 from .placement import check_devices
+from .rollout_tree import SHAPES as ROLLOUT_SHAPES
+from .rollout_tree import tree_completions
 
 JOINT_MODES = ("aligned", "cross")
 GENERATION_MODES = ("batched", "per_agent")
@@ -62,13 +64,33 @@ class MultiAgentGRPOConfig(GRPOConfig):
             Turns per episode. With more than one, the trainer's `external_transition` builds each agent's next prompt
             from the agents' completions (feedback from a checker, tests, the other agent's answer). Every turn is
             scored by the joint reward; each agent is trained on every turn, with group-relative advantages of the
-            return-to-go. Rollouts are linear: `num_generations` trajectories per prompt, one completion per agent
-            per turn (not `num_generations**num_turns`).
+            return. `rollout` sets the shape.
+        rollout (`str`, *optional*, defaults to `"tree"`):
+            The shape of a multi-turn rollout (`multiagent_trl.rollout_tree`). Allowed values:
+
+            - `"tree"` (MAGRPO's definition): every joint sample of a turn spawns a node of G new joint samples at the
+              next turn, whose prompts the transition makes from that sample's history. Turn t holds up to
+              `G**t` nodes per prompt (`(G**N)**t` with `joint_mode="cross"`): generation and reward calls grow as
+              G^T (`max_rollout_completions` bounds them). A node's G samples share one state and form one
+              advantage group; a sample's return is its reward plus `discount` times the mean return of its child.
+            - `"linear"`: G trajectories per prompt, one joint sample each per turn (G completions per agent per turn);
+              turn-t advantages compare the G trajectories of a prompt, whose states differ. Aligned joint samples
+              only.
         discount (`float`, *optional*, defaults to `1.0`):
-            Discount of later turns' rewards in the return-to-go: `R_t = r_t + discount * R_{t+1}`.
+            Weight of the next turn in a return: tree, `R = r + discount * mean(R_child)`; linear, the return-to-go
+            `R_t = r_t + discount * R_{t+1}`.
         early_termination_threshold (`float` or `None`, *optional*, defaults to `None`):
-            A trajectory ends after a turn whose joint reward (after the reward processor) exceeds this value: it
-            gets no further transition, reward or gradient. `None` never ends one early.
+            Ends an episode early (after the reward processor). Tree: a node whose mean joint reward exceeds it has no
+            children (no transition, generation or reward call below it). Linear: a trajectory whose joint reward
+            exceeds it plays no more turns, and its answer stands: each remaining turn scores its last reward again
+            (discounted), so finishing early is never ranked below going on. `None` never ends one early.
+        max_rollout_completions (`int`, *optional*, defaults to `4096`):
+            The most completions one agent may generate for one generation batch on one process, counted before
+            training with no early termination (`rollout_tree.tree_completions`); a larger rollout raises at
+            construction, naming what to lower.
+        cross_credit (`str`, *optional*, defaults to `"mean"`):
+            With `joint_mode="cross"`: how a completion's credit is formed from the G^(N-1) tuples that hold it,
+            `"mean"` or `"sum"` (CoMLRL's; the same advantages under normalization, G^(N-1) times larger without).
         external_prompt_passthrough (`bool`, *optional*, defaults to `False`):
             For CoMLRL-style transitions only (keyword arguments `agent_completions`, ...): use the prompts they return
             as they are, instead of passing them to the agent's formatter as `formatter(row, external_prompts=...)`.
@@ -184,12 +206,31 @@ class MultiAgentGRPOConfig(GRPOConfig):
         default=1,
         metadata={"help": "Turns per episode; more than one needs the trainer's `external_transition`."},
     )
+    rollout: str = field(
+        default="tree",
+        metadata={
+            "help": "Multi-turn rollout shape: 'tree' (every joint sample spawns G more at the next turn; MAGRPO) or "
+            "'linear' (G trajectories per prompt).",
+            "choices": list(ROLLOUT_SHAPES),
+        },
+    )
     discount: float = field(
-        default=1.0, metadata={"help": "Discount of later turns' rewards in the return-to-go (multi-turn)."}
+        default=1.0, metadata={"help": "Weight of the next turn's return in a turn's return (multi-turn)."}
     )
     early_termination_threshold: float | None = field(
         default=None,
-        metadata={"help": "End a trajectory after a turn whose joint reward exceeds this value (multi-turn)."},
+        metadata={"help": "End a node (tree) or trajectory (linear) whose joint reward exceeds this (multi-turn)."},
+    )
+    max_rollout_completions: int = field(
+        default=4096,
+        metadata={"help": "The most completions per agent one generation batch's rollout may need on one process."},
+    )
+    cross_credit: str = field(
+        default="mean",
+        metadata={
+            "help": "joint_mode='cross': credit a completion with the 'mean' or the 'sum' (CoMLRL) of its tuples.",
+            "choices": ["mean", "sum"],
+        },
     )
     external_prompt_passthrough: bool = field(
         default=False,
@@ -275,11 +316,17 @@ class MultiAgentGRPOConfig(GRPOConfig):
             raise ValueError(f"`num_turns` must be at least 1, got {self.num_turns}.")
         if not 0.0 <= self.discount <= 1.0:
             raise ValueError(f"`discount` must be in [0, 1], got {self.discount}.")
-        if self.num_turns > 1 and self.joint_mode != "aligned":
+        if self.rollout not in ROLLOUT_SHAPES:
+            raise ValueError(f"`rollout` must be one of {ROLLOUT_SHAPES}, got {self.rollout!r}.")
+        if self.cross_credit not in ("mean", "sum"):
+            raise ValueError(f"`cross_credit` must be 'mean' or 'sum', got {self.cross_credit!r}.")
+        if self.num_turns > 1 and self.rollout == "linear" and self.joint_mode != "aligned":
             raise ValueError(
-                "`num_turns > 1` needs `joint_mode='aligned'`: a trajectory continues one joint sample per turn, and "
-                "cross tuples have no single continuation."
+                "`rollout='linear'` with `num_turns > 1` needs `joint_mode='aligned'`: a trajectory continues one "
+                "joint sample per turn, and a prompt's G**N cross tuples have no G continuations. Use "
+                "`rollout='tree'`, where every cross tuple spawns its own node."
             )
+        self.check_rollout_size()
         if self.joint_mode == "cross":
             # Cross tuples are formed within a prompt group, so each process must hold whole groups.
             local_batch = self.per_device_train_batch_size * self.steps_per_generation
@@ -307,6 +354,27 @@ class MultiAgentGRPOConfig(GRPOConfig):
                 "them, or compile the paged path with `transformers_continuous_batching_config="
                 "{'default_compile_level': 1}`."
             )
+
+    def check_rollout_size(self, num_agents: int | None = None) -> None:
+        """Raise a `ValueError` when one generation batch's rollout, on one process and with no early termination,
+        would need more than `max_rollout_completions` completions per agent (the tree grows as G^T)."""
+        num_agents = num_agents or self.num_agents or 1
+        cross = self.joint_mode == "cross" and num_agents > 1
+        checks = [("train", self.per_device_train_batch_size * self.steps_per_generation, self.num_generations)]
+        eval_width = self.num_generations_eval or self.num_generations
+        if self.eval_strategy != "no":
+            checks.append(("eval", self.per_device_eval_batch_size, eval_width))
+        for mode, rows, width in checks:
+            prompts = max(rows // width, 1)
+            needed = tree_completions(prompts, width, num_agents, self.num_turns, cross, self.rollout)
+            if needed > self.max_rollout_completions:
+                raise ValueError(
+                    f"A {mode} rollout of {self.num_turns} turns ({self.rollout} shape, {prompts} prompts per "
+                    f"process, G={width}, {num_agents} agents{', cross' if cross else ''}) needs up to {needed} "
+                    f"completions per agent, more than `max_rollout_completions={self.max_rollout_completions}`. "
+                    "Lower `num_generations`, `num_turns` or the batch size, use `rollout='linear'` (G per turn), or "
+                    "raise `max_rollout_completions` if the memory and time allow."
+                )
 
     # ------------------------------------------------------------------ per-agent settings
 

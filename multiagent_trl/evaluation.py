@@ -20,6 +20,8 @@ import torch
 from accelerate.utils import gather_object
 from transformers import GenerationConfig
 
+from .rollout_tree import Level, sample_members
+
 if TYPE_CHECKING:
     from .trainer import MultiAgentGRPOTrainer
 
@@ -48,44 +50,31 @@ class EvalTrajectories:
 
 
 class EvalRecorder:
-    """Collects `EvalTrajectories` turn by turn, fed by the trainer's joint-reward pass in evaluation mode."""
+    """Collects `EvalTrajectories`, fed by the trainer with every evaluated batch's rollout."""
 
     def __init__(self, num_agents: int):
         self.trajectories = EvalTrajectories(num_agents)
-        self._batch_start = 0  # index of the current generation batch's first trajectory
-        self._active: list[bool] = []
 
-    def record_turn(self, turn: int, rows: list[dict], agent_inputs: list[list[dict]], rollouts: list) -> None:
-        """Record one turn's rows, prompts and completions (local to this process; gathered here)."""
-        record = self.trajectories
-        if turn == 0:
-            self._batch_start = len(record.rows)
-            record.rows.extend(gather_object(list(rows)))
-            record.rewards.extend([] for _ in range(len(record.rows) - self._batch_start))
-            for i in range(record.num_agents):
-                record.prompts[i].extend([] for _ in range(len(record.rows) - self._batch_start))
-                record.completions[i].extend([] for _ in range(len(record.rows) - self._batch_start))
-        # An ended trajectory stays in the batch with its completions masked out (`Rollout.masked`).
-        mask = rollouts[0].tool_mask
-        active = [True] * len(rows) if mask is None else [not m or any(m) for m in mask]
-        self._active = gather_object(active)
-        for i, rollout in enumerate(rollouts):
-            prompts = gather_object([row["prompt"] for row in agent_inputs[i]])
-            completions = gather_object(list(rollout.completions))
-            for j, (p, c, a) in enumerate(zip(prompts, completions, self._active, strict=True)):
-                if a:
-                    record.prompts[i][self._batch_start + j].append(p)
-                    record.completions[i][self._batch_start + j].append(c)
-
-    def record_rewards(self, joint: torch.Tensor) -> None:
-        """Record one turn's joint rewards (already gathered across processes)."""
-        if len(joint) != len(self._active):  # cross tuples: G**N rewards per prompt, no single one per trajectory
-            raise NotImplementedError(
-                "Trajectory metrics with `joint_mode='cross'` need one trajectory per prompt (num_generations_eval=1)."
-            )
-        for j, (reward, a) in enumerate(zip(joint.tolist(), self._active, strict=True)):
-            if a:
-                self.trajectories.rewards[self._batch_start + j].append(reward)
+    def record(self, levels: list[Level], episode_paths: list[list[tuple[int, int, int]]]) -> None:
+        """Record one batch's trajectories, one per path (`rollout_tree.paths`; gathered across processes, in
+        order): its row, and at every turn it played each agent's prompt and completion and the joint reward."""
+        record, num_agents = self.trajectories, self.trajectories.num_agents
+        local = []
+        for path in episode_paths:
+            prompts, completions, rewards = [[] for _ in range(num_agents)], [[] for _ in range(num_agents)], []
+            for t, n, j in path:
+                level = levels[t]
+                for i, k in enumerate(sample_members(level, n, j, num_agents)):
+                    prompts[i].append(level.agent_rows[i][k]["prompt"])
+                    completions[i].append(level.rollouts[i].completions[k])
+                rewards.append(float(torch.nanmean(level.rewards[n, j])))
+            local.append((levels[0].nodes[path[0][1]].row, prompts, completions, rewards))
+        for row, prompts, completions, rewards in gather_object(local):
+            record.rows.append(row)
+            record.rewards.append(rewards)
+            for i in range(num_agents):
+                record.prompts[i].append(prompts[i])
+                record.completions[i].append(completions[i])
 
 
 def turn_metrics(trajectories: EvalTrajectories, num_turns: int) -> dict[str, float]:

@@ -183,15 +183,20 @@ def reward_range(func: Callable) -> tuple[float, float] | None:
 
 
 def bind_reward_funcs(
-    reward_funcs, num_agents: int, reward_processing_classes=None, args=None, joint_text: Callable | None = None
+    reward_funcs,
+    num_agents: int,
+    reward_processing_classes=None,
+    args=None,
+    joint_text: Callable | None = None,
+    per_sample: bool = False,
 ) -> tuple[list, Any]:
     """The trainer's `reward_funcs`, and the `reward_processing_classes` to hand to TRL.
 
-    Each user function is bound with `bind_reward`. A reward model (a model id or path, or an `nn.Module`) passes
-    through to TRL with one agent; with several it becomes a `reward_models.JointRewardModel` that scores the text
-    `joint_text` builds from each joint sample, with its tokenizer from `reward_processing_classes` (one for all
-    functions, or one per function as in TRL; entries of plain functions are ignored). TRL then gets no processing
-    classes: every function it sees is a callable.
+    Each user function is bound with `bind_reward` (`per_sample`: CoMLRL's calling of CoMLRL-style functions). A
+    reward model (a model id or path, or an `nn.Module`) passes through to TRL with one agent; with several it becomes
+    a `reward_models.JointRewardModel` that scores the text `joint_text` builds from each joint sample, with its
+    tokenizer from `reward_processing_classes` (one for all functions, or one per function as in TRL; entries of
+    plain functions are ignored). TRL then gets no processing classes: every function it sees is a callable.
     """
     if reward_funcs is None:
         raise ValueError("Pass a joint reward function: `reward_funcs=`.")
@@ -222,7 +227,7 @@ def bind_reward_funcs(
             init_kwargs.setdefault("trust_remote_code", getattr(args, "trust_remote_code", False))
             bound.append(JointRewardModel(func, classes[k], joint_text, model_init_kwargs=init_kwargs))
         elif callable(func):
-            bound.append(bind_reward(func, num_agents))
+            bound.append(bind_reward(func, num_agents, per_sample))
         else:
             raise TypeError(f"Reward functions must be callables, model ids or models; got {type(func).__name__}.")
     if joint_text is not None and not any(isinstance(f, (str, nn.Module)) for f in funcs):
@@ -230,12 +235,16 @@ def bind_reward_funcs(
     return bound, (classes if num_agents == 1 else None)
 
 
-def bind_reward(func: Callable, num_agents: int) -> Callable:
+def bind_reward(func: Callable, num_agents: int, per_sample: bool = False) -> Callable:
     """Wrap a user reward function into TRL's reward signature, `f(prompts, completions, completion_ids, **kwargs)`.
 
     The trainer calls the wrapper with joint samples (`completions[j]` is a tuple of N completions when N > 1). The
     wrapper calls `func` in its own convention and validates what it returns. Async functions stay async, so that
     TRL runs them concurrently.
+
+    With `per_sample=True`, a CoMLRL-style function is called as CoMLRL 1.4.3 calls it: once per joint sample, each
+    agent's list holding that sample's one completion (and `batch_items`, `prompts` one row long), and the first
+    value it returns is the sample's reward (a number alone counts as a list of one).
 
     A function may return one reward per agent for each joint sample (rows of N numbers, or an `(S, N)` tensor):
     the wrapper then returns their mean to TRL (the team's reward, for logs) and keeps the per-agent values in its
@@ -273,17 +282,42 @@ def bind_reward(func: Callable, num_agents: int) -> Callable:
             return [sum(row) / len(row) for row in checked]
         return checked
 
+    one_per_sample = per_sample and style == COMLRL_STYLE
+
+    def calls(prompts, completions, kwargs) -> list[tuple[tuple, dict]]:
+        """The calls to make: one for the batch, or one per joint sample."""
+        if not one_per_sample:
+            return [arguments(prompts, completions, kwargs)]
+        return [
+            arguments(
+                prompts[j : j + 1], completions[j : j + 1], {ROWS_COLUMN: kwargs.get(ROWS_COLUMN, [])[j : j + 1]}
+            )
+            for j in range(len(completions))
+        ]
+
+    def values(results: list) -> Any:
+        """What the calls returned, as one batch's rewards: with one call per sample, each call's first value."""
+        if not one_per_sample:
+            return results[0]
+        out = []
+        for j, result in enumerate(results):
+            result = result.tolist() if isinstance(result, torch.Tensor) else result
+            if isinstance(result, (list, tuple)) and len(result) == 0:
+                raise ValueError(f"Reward function '{name}' returned no value for joint sample {j}.")
+            out.append(result[0] if isinstance(result, (list, tuple)) else result)
+        return out
+
     if is_async_callable(func):
 
         async def joint_reward(prompts, completions, **kwargs):
-            args, kw = arguments(prompts, completions, kwargs)
-            return finish(await func(*args, **kw), len(completions))
+            results = [await func(*args, **kw) for args, kw in calls(prompts, completions, kwargs)]
+            return finish(values(results), len(completions))
 
     else:
 
         def joint_reward(prompts, completions, **kwargs):
-            args, kw = arguments(prompts, completions, kwargs)
-            return finish(func(*args, **kw), len(completions))
+            results = [func(*args, **kw) for args, kw in calls(prompts, completions, kwargs)]
+            return finish(values(results), len(completions))
 
     joint_reward.__name__ = name
     joint_reward.style = style
@@ -334,8 +368,6 @@ def pop_agent_rewards(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor |
             found += 1
     if accelerator.gather(found).sum() == 0:  # the same answer on every process, so all gather or none
         return None
-    if trainer.args.num_turns > 1:
-        raise NotImplementedError("Per-agent rewards work with `num_turns=1` only; return one reward per sample.")
     return accelerator.gather(local)
 
 
@@ -432,8 +464,11 @@ def cross_tuples(num_generations: int, num_agents: int) -> list[tuple[int, ...]]
     return list(itertools.product(range(num_generations), repeat=num_agents))
 
 
-def cross_credit(rewards: torch.Tensor, num_generations: int, num_agents: int, agent: int) -> torch.Tensor:
-    """Credit each of `agent`'s completions with the mean reward of the cross tuples that contain it.
+def cross_credit(
+    rewards: torch.Tensor, num_generations: int, num_agents: int, agent: int, reduction: str = "mean"
+) -> torch.Tensor:
+    """Credit each of `agent`'s completions with the mean (or, with `reduction="sum"`, CoMLRL's sum) of the rewards
+    of the cross tuples that contain it.
 
     Args:
         rewards: `(num_groups * G**N, F)` rewards of the cross tuples, groups in order, tuples as `cross_tuples`.
@@ -443,11 +478,19 @@ def cross_credit(rewards: torch.Tensor, num_generations: int, num_agents: int, a
     >>> r = torch.tensor([[1.0], [2.0], [3.0], [4.0]])  # one group, G=2, N=2: tuples (0,0) (0,1) (1,0) (1,1)
     >>> cross_credit(r, 2, 2, agent=0).flatten().tolist(), cross_credit(r, 2, 2, agent=1).flatten().tolist()
     ([1.5, 3.5], [2.0, 3.0])
+    >>> cross_credit(r, 2, 2, agent=0, reduction="sum").flatten().tolist()
+    [3.0, 7.0]
     """
     num_funcs = rewards.size(1)
     grid = rewards.view(-1, *([num_generations] * num_agents), num_funcs)  # (B, G, ..., G, F)
     other_dims = [1 + a for a in range(num_agents) if a != agent]
-    credit = torch.nanmean(grid, dim=other_dims) if other_dims else grid  # (B, G, F)
+    if not other_dims:
+        return grid.reshape(-1, num_funcs)
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"Unknown cross credit reduction {reduction!r}: use 'mean' or 'sum'.")
+    credit = torch.nanmean(grid, dim=other_dims)  # (B, G, F); NaN only where no tuple was scored
+    if reduction == "sum":
+        credit = torch.where(torch.isnan(credit), credit, torch.nansum(grid, dim=other_dims))
     return credit.reshape(-1, num_funcs)
 
 

@@ -42,11 +42,49 @@ class Rollout:
         """The tuple `GRPOTrainer._generate` returns, to replay this rollout to TRL."""
         return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
 
-    def masked(self, active: list[bool]) -> Rollout:
-        """This rollout with the completions of inactive rows marked as not the model's (TRL's `tool_mask`), so they
-        get no loss: how an ended multi-turn trajectory stays in the batch."""
-        tool_mask = [[int(a)] * len(ids) for ids, a in zip(self.completion_ids, active, strict=True)]
+    def masked(self, keep: list[bool]) -> Rollout:
+        """This rollout with the completions of the rows not kept marked as not the model's (TRL's `tool_mask`), so
+        they get no loss; a kept row keeps its own mask (tool results, a `rollout_func`'s `env_mask`)."""
+        own = self.tool_mask if self.tool_mask is not None else [[1] * len(ids) for ids in self.completion_ids]
+        tool_mask = [mask if k else [0] * len(mask) for mask, k in zip(own, keep, strict=True)]
         return dataclasses.replace(self, tool_mask=tool_mask)
+
+    def select(self, rows: list[int]) -> Rollout:
+        """The rollout of `rows` (indices, repeats allowed), in that order."""
+        return Rollout.concat([self], rows)
+
+    @staticmethod
+    def concat(rollouts: list[Rollout], rows: list[int] | None = None) -> Rollout:
+        """The rollouts one after the other (one agent's turns), optionally only `rows` of the result. Per-row fields
+        are joined; `tool_mask` is all ones where a part had none."""
+        sizes = [len(r.completion_ids) for r in rollouts]
+        rows = list(range(sum(sizes))) if rows is None else rows
+
+        def joined(name: str, fill=None) -> list | None:
+            parts = [getattr(r, name) for r in rollouts]
+            if all(part is None for part in parts):
+                return None
+            values = [v for part, n, r in zip(parts, sizes, rollouts) for v in (part if part is not None else fill(r))]
+            return [values[k] for k in rows]
+
+        ones = lambda r: [[1] * len(ids) for ids in r.completion_ids]  # noqa: E731
+        extra = {}
+        for key in rollouts[0].extra_fields:
+            parts = [r.extra_fields.get(key) for r in rollouts]
+            per_row = all(isinstance(p, list) and len(p) == n for p, n in zip(parts, sizes))
+            extra[key] = [v for p in parts for v in p] if per_row else parts[0]
+            if per_row:
+                extra[key] = [extra[key][k] for k in rows]
+        return Rollout(
+            prompt_ids=joined("prompt_ids"),
+            completion_ids=joined("completion_ids"),
+            tool_mask=joined("tool_mask", ones),
+            completions=joined("completions"),
+            logprobs=joined("logprobs", lambda r: [None] * len(r.completion_ids)),
+            extra_fields=extra,
+            images=joined("images", lambda r: [None] * len(r.completion_ids)),
+            tool_images=joined("tool_images") if all(len(r.tool_images) == n for r, n in zip(rollouts, sizes)) else [],
+        )
 
 
 @dataclass

@@ -17,6 +17,7 @@ parameters, so each agent's gradient is its own loss's gradient.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,16 +49,29 @@ from .rewards import (
     bind_reward_funcs,
     credit_columns,
     cross_credit,
-    cross_tuples,
     flush_reward_logs,
     pop_agent_rewards,
     weighted_sum,
     with_rows,
 )
+from .rollout_tree import (
+    TREE,
+    Level,
+    agent_credit,
+    child,
+    continuing,
+    link,
+    padded,
+    paths,
+    returns,
+    root_level,
+    sample_members,
+    training_rows,
+)
 from .rollouts import Replay, Rollout
 from .team import AgentTeam, LoraAgentTeam
 from .tools import REPLAY_STATE, TeamTools
-from .turns import completion_text, play_episodes, transition_style
+from .turns import completion_text, episode_rows, next_prompts, transition_style, turn_prefix
 
 
 class MultiAgentGRPOTrainer(GRPOTrainer):
@@ -148,6 +162,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     _tag_names = ["trl", "grpo", "multiagent-trl", "magrpo"]
     _name = "MAGRPO"
     record_eval_trajectories = False  # True: `evaluate` collects every trajectory for `trajectory_metrics`
+    rewards_per_sample = False  # True: CoMLRL-style reward functions are called once per joint sample, as CoMLRL does
 
     def __init__(
         self,
@@ -214,7 +229,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             _check_prompt_column(name, dataset, self.formatters)
         reward_funcs, kwargs["reward_processing_classes"] = bind_reward_funcs(
-            reward_funcs, num_agents, kwargs.get("reward_processing_classes"), args, joint_text
+            reward_funcs,
+            num_agents,
+            kwargs.get("reward_processing_classes"),
+            args,
+            joint_text,
+            self.rewards_per_sample,
         )
         self.reward_processor = reward_processor
 
@@ -342,31 +362,137 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
         mode = "train" if self.model.training else "eval"
-        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        width = self.num_generations if mode == "train" else self.num_generations_eval
         agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
         agent_inputs = self._team_tools.begin_batch(self, inputs, agent_inputs)  # environments reset, tools bound
-        if self.args.num_turns > 1:
-            return play_episodes(self, inputs, agent_inputs, mode, num_generations)
+        levels = self._play(inputs, agent_inputs, width, mode)  # steps 1 and 2, turn by turn
 
-        # 1. Every agent generates from its own prompts; none sees another's completions.
-        rollouts = self._rollouts(agent_inputs, mode)
-
-        # 2. Score joint samples once; credit each agent's completions.
-        rewards_per_func, extras = self._joint_rewards(inputs, agent_inputs, rollouts, num_generations, mode)
-        joint = self._process_rewards(rewards_per_func, mode)
-        # TRL weighs and normalizes the functions' rewards itself, unless a processor applies to their sum first.
-        names, weights = self.reward_func_names, self.reward_weights
-        if self.reward_processor is not None:
-            names, weights = ["reward"], torch.ones(1)
-        columns = credit_columns(rewards_per_func, joint, self._agent_rewards, self.reward_processor, weights)
-        credited = [columns[i % len(columns)] for i in range(self.num_agents)]  # the joint, or the agent's own
-        if self.args.joint_mode == "cross":
-            credited = [cross_credit(c, num_generations, self.num_agents, i) for i, c in enumerate(credited)]
+        if self.args.num_turns == 1:
+            # 2b. Credit each agent's completions with the joint reward (TRL weighs and normalizes the functions'
+            # rewards itself, unless a processor applies to their sum first).
+            level = levels[0]
+            names, weights = self.reward_func_names, self.reward_weights
+            if self.reward_processor is not None:
+                names, weights = ["reward"], torch.ones(1)
+            columns = credit_columns(
+                level.rewards_per_func, level.joint, self._agent_rewards, self.reward_processor, weights
+            )
+            credited = [columns[i % len(columns)] for i in range(self.num_agents)]  # the joint, or the agent's own
+            if level.samples != level.width:  # cross tuples
+                credited = [
+                    cross_credit(c, width, self.num_agents, i, self.args.cross_credit) for i, c in enumerate(credited)
+                ]
+            agent_rows, rollouts = level.agent_rows, level.rollouts
+        else:
+            # 2b. Returns over the rollout, each row credited with its own (or, in cross mode, its tuples').
+            agent_rows, rollouts, credited = self._episode_batch(levels, mode)
+            names, weights = ["return"], torch.ones(1)
 
         # 3. TRL's own scoring per agent: advantages, old/ref log-probs, metrics.
-        outputs = self._score_agents(agent_inputs, rollouts, credited, names, weights)
-        self._log_joint_samples(agent_inputs, rollouts, rewards_per_func, extras, outputs, num_generations)
+        outputs = self._score_agents(agent_rows, rollouts, credited, names, weights)
+        self._log_joint_samples(levels, outputs, mode)
         return {f"agent_{i}/{key}": value for i, output in enumerate(outputs) for key, value in output.items()}
+
+    def _play(self, inputs: list[dict], agent_inputs: list[list[dict]], width: int, mode: str) -> list[Level]:
+        """Play the turns: each turn's nodes generate in one call and are scored in one call; the transition then
+        makes the next turn's nodes (see `rollout_tree`). Returns the levels played, rewards and rollouts filled."""
+        args, num_agents = self.args, self.num_agents
+        cross = args.joint_mode == "cross" and num_agents > 1
+        samples = width**num_agents if cross else width
+        level = root_level(inputs, [[row["prompt"] for row in rows] for rows in agent_inputs], width, samples)
+        level.agent_rows = agent_inputs  # each row's own prompt (an environment's reset may differ within a group)
+        levels: list[Level] = []
+        for turn in range(args.num_turns):
+            # Collectives need the same rows on every process: a process with fewer live nodes fills up.
+            level = padded(
+                level, self._most_across_processes(len(level.nodes)), levels[-1].nodes[0] if levels else None
+            )
+            # 1. Every agent generates for every node of the turn; none sees another's completions.
+            if turn > 0:
+                level.agent_rows = [
+                    [{**row, "prompt": prompt} for row, prompt in zip(level.rows(), level.prompts(i))]
+                    for i in range(num_agents)
+                ]
+            level.rollouts = self._rollouts(level.agent_rows, mode)
+            # 2. Score the turn's joint samples in one call.
+            self._joint_rewards(level, mode, turn if args.num_turns > 1 else None)
+            levels.append(level)
+            if turn == args.num_turns - 1:
+                break
+            level = self._next_level(level)
+            if self._most_across_processes(len(level.nodes)) == 0:  # every node on every process has ended
+                break
+        link(levels, args.num_turns)
+        if self._eval_recorder is not None and mode == "eval":
+            self._eval_recorder.record(levels, paths(levels))
+        return levels
+
+    def _next_level(self, level: Level) -> Level:
+        """The nodes of the next turn: one per joint sample that goes on, its prompts from the transition."""
+        shape, num_agents = self.args.rollout, self.num_agents
+        nodes = []
+        for n, j in continuing(level, shape, self.args.early_termination_threshold).nonzero().tolist():
+            members = sample_members(level, n, j, num_agents)
+            sample = [level.rollouts[i].completions[k] for i, k in enumerate(members)]
+            node = level.nodes[n]
+            prompts = next_prompts(
+                self.external_transition,
+                self._transition_style,
+                node.row,
+                [h + [c] for h, c in zip(node.response_history, sample, strict=True)],
+                [h + [p] for h, p in zip(node.prompt_history, node.prompts, strict=True)],
+                node.turn,
+                self.formatters,
+                self.args.external_prompt_passthrough,
+            )
+            nodes.append(child(level, n, j, sample, prompts, shape))
+        width = level.width if shape == TREE else 1
+        cross = level.samples != level.width
+        return Level(nodes, width, width**num_agents if cross else width)
+
+    def _most_across_processes(self, count: int) -> int:
+        if self.accelerator.num_processes == 1:
+            return count
+        return int(self.accelerator.gather(torch.tensor([count], device=self.accelerator.device)).max())
+
+    def _episode_batch(self, levels: list[Level], mode: str):
+        """Each agent's training rows over the whole rollout (`rollout_tree.training_rows`), with its rollouts and
+        the gathered `(rows, 1)` return it is credited with; logs the per-turn returns and the rollout's size."""
+        args, num_agents, metrics = self.args, self.num_agents, self._metrics[mode]
+        values = returns(levels, args.discount, args.rollout, args.num_turns)
+        for turn, (level, value) in enumerate(zip(levels, values)):
+            level.returns = value
+            node_returns = torch.nanmean(value.mean(dim=2), dim=1)[level.scored()]  # (real nodes,)
+            stats = torch.tensor([node_returns.nansum(), len(node_returns)], device=self.accelerator.device)
+            total, count = self.accelerator.gather(stats).view(-1, 2).sum(dim=0).tolist()
+            metrics[f"{turn_prefix(turn)}expected_return"].append(total / max(count, 1))
+            metrics[f"{turn_prefix(turn)}nodes"].append(count)
+        root = gather(values[0].mean(dim=2).flatten().to(self.accelerator.device))
+        metrics["reward"].append(torch.nanmean(root).item())  # the episode's return
+        metrics["reward_std"].append(nanstd(root).item())
+
+        rows, credit = training_rows(levels, values, args.rollout, args.num_turns, args.discount)
+        width = levels[0].width
+        if mode == "train":  # TRL splits the batch into steps_per_generation equal parts: pad with untrained groups
+            while len(rows) % args.steps_per_generation:
+                rows += [(0, k, False) for k in range(width)]
+                credit = [torch.cat([c, torch.full((width,), math.nan)]) for c in credit]
+        offsets = torch.tensor([0] + [len(level.nodes) * level.width for level in levels]).cumsum(0).tolist()
+        index = [offsets[t] + k for t, k, _ in rows]
+        keep = [trained for *_, trained in rows]
+        agent_rows, rollouts, credited = [], [], []
+        for i in range(num_agents):
+            joined = [row for level in levels for row in level.agent_rows[i]]
+            agent_rows.append([joined[k] for k in index])
+            rollouts.append(Rollout.concat([level.rollouts[i] for level in levels], index).masked(keep))
+            if levels[0].samples != width:  # cross: credit each completion with its tuples' returns
+                value = [agent_credit(lvl, v, i, num_agents, args.cross_credit) for lvl, v in zip(levels, values)]
+                credit_i = torch.cat(value)[index]
+                credit_i[~torch.tensor(keep)] = math.nan
+            else:
+                credit_i = credit[min(i, len(credit) - 1)]
+            credited.append(gather(credit_i.to(self.accelerator.device).unsqueeze(1)))
+        return agent_rows, rollouts, credited
 
     def _rollouts(self, agent_inputs: list[list[dict]], mode: str) -> list[Rollout]:
         """Every agent generates from its rows' prompts (one `generate` call for all agents in batched mode)."""
@@ -416,35 +542,43 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 outputs[-1]["advantages"] = local_baseline_advantages(self, weighted_sum(credited[i], weights))
         return outputs
 
-    def _joint_rewards(self, inputs, agent_inputs, rollouts, num_generations, mode: str, turn: int | None = None):
-        """Score the joint samples with every reward function. Returns the gathered `(rows, F)` rewards and the
-        columns the functions logged with `log_extra` (gathered; `log_metric` values go to the metrics, under
-        `turn_{turn}/` in a multi-turn episode)."""
-        prefix = "" if turn is None else f"turn_{turn}/"
-        prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
-        if self.args.joint_mode == "cross" and self.num_agents > 1:
-            tuples = [
-                tuple(start + k for k in ks)
-                for start in range(0, len(inputs), num_generations)
-                for ks in cross_tuples(num_generations, self.num_agents)
-            ]
-        else:
-            tuples = [(j,) * self.num_agents for j in range(len(inputs))]
+    def _joint_rewards(self, level: Level, mode: str, turn: int | None = None) -> None:
+        """Score the level's joint samples with every reward function, in one call. Fills `level.rewards_per_func`
+        (gathered, `(tuples, F)`), `level.joint` (gathered, after the processor), `level.rewards` (this process's,
+        `(nodes, samples, A)`) and `level.extras` (the columns functions logged with `log_extra`, gathered;
+        `log_metric` values go to the metrics, under `turn_k/` in a multi-turn episode)."""
+        num_agents, nodes = self.num_agents, len(level.nodes)
+        tuples = [sample_members(level, n, j, num_agents) for n in range(nodes) for j in range(level.samples)]
 
         def joint(per_agent: list[list]) -> list:
-            if self.num_agents == 1:  # a team of one gets exactly what TRL gives a reward function
+            if num_agents == 1:  # a team of one gets exactly what TRL gives a reward function
                 return [per_agent[0][t[0]] for t in tuples]
             return [tuple(values[k] for values, k in zip(per_agent, t, strict=True)) for t in tuples]
 
-        rows = with_rows(self.reward_funcs, [inputs[t[0]] for t in tuples])  # rows as a column, if a function asks
-        completions = joint([r.completions for r in rollouts])
+        rows = with_rows(self.reward_funcs, [level.rows()[t[0]] for t in tuples])  # rows as a column, if asked
+        prompts = [[row["prompt"] for row in rows_i] for rows_i in level.agent_rows]
         rewards = self._calculate_rewards(
-            rows, joint(prompts), completions, joint([r.completion_ids for r in rollouts])
+            rows,
+            joint(prompts),
+            joint([r.completions for r in level.rollouts]),
+            joint([r.completion_ids for r in level.rollouts]),
         )
+        prefix = "" if turn is None else turn_prefix(turn)
+        level.extras = flush_reward_logs(self, mode, prefix, len(tuples))
+        scored = gather(level.scored().repeat_interleave(level.samples).to(rewards.device))
+        rewards[~scored] = math.nan  # placeholders are not scored
         self._agent_rewards = pop_agent_rewards(self, rewards)  # where functions scored each agent on its own
-        if self._eval_recorder is not None and mode == "eval":
-            self._eval_recorder.record_turn(turn or 0, inputs, agent_inputs, rollouts)
-        return rewards, flush_reward_logs(self, mode, prefix, len(tuples))
+        level.rewards_per_func = rewards
+        level.joint = self._process_rewards(rewards, mode, prefix)
+        local = slice(self.accelerator.process_index * len(tuples), (self.accelerator.process_index + 1) * len(tuples))
+        per_agent = [level.joint[local]]
+        if self._agent_rewards is not None:  # each agent's own weighted, processed reward
+            per_agent = [
+                weighted_sum(self._agent_rewards[local, :, i], self.reward_weights) for i in range(num_agents)
+            ]
+            if self.reward_processor is not None:
+                per_agent = [apply_processor(self.reward_processor, r) for r in per_agent]
+        level.rewards = torch.stack(per_agent, dim=1).view(nodes, level.samples, -1).cpu()
 
     def _process_rewards(self, rewards_per_func: torch.Tensor, mode: str, prefix: str = "") -> torch.Tensor:
         """The joint reward of each scored tuple (the weighted sum of the functions' rewards, then the reward
@@ -452,8 +586,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         joint = weighted_sum(rewards_per_func, self.reward_weights)
         if self.reward_processor is not None:
             joint = apply_processor(self.reward_processor, joint)
-        if self._eval_recorder is not None and mode == "eval":
-            self._eval_recorder.record_rewards(joint)
         metrics = self._metrics[mode]
         metrics[f"{prefix}reward"].append(torch.nanmean(joint).item())
         metrics[f"{prefix}reward_std"].append(nanstd(joint).item())
@@ -462,34 +594,46 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             metrics[f"{prefix}rewards/{name}/std"].append(nanstd(rewards_per_func[:, k]).item())
         return joint
 
-    def _log_joint_samples(self, agent_inputs, rollouts, rewards_per_func, extras, outputs, num_generations) -> None:
-        """Fill the completions table: one row per aligned joint sample, the agents' completions side by side."""
-        prompts = gather_object([row["prompt"] for row in agent_inputs[0]])
-        completions = [gather_object(rollout.completions) for rollout in rollouts]
+    def _log_joint_samples(self, levels: list[Level], outputs: list[dict], mode: str) -> None:
+        """Fill the completions table: one row per root sample (`rollout_tree.paths`: an aligned joint sample, or in
+        cross mode the tuple `(k, ..., k)` of each group), the agents' completions side by side; with several turns,
+        every turn of the sample's path in order."""
+        logs, level, num_agents = self._logs, levels[0], self.num_agents
+        if len(levels) > 1 or self.args.num_turns > 1:
+            table = gather_object(episode_rows(levels, self.reward_func_names, self.accelerator.process_index))
+            logs["prompt"].extend(row.pop("prompt") for row in table)
+            logs["completion"].extend(row.pop("completion") for row in table)
+            logs["rewards"]["return"].extend(row.pop("return") for row in table)
+            for column in table[0] if table else []:
+                logs["extra"][column].extend(row[column] for row in table)
+            logs["advantages"].extend(gather(outputs[0]["advantages"][: len(level.rows())]).tolist())
+            return
+        samples = [t[0][2] for t in paths(levels)]  # this process's joint sample of each root row
+        local = len(level.nodes) * level.samples
+        diagonal = [
+            p * local + n * level.samples + j
+            for p in range(self.accelerator.num_processes)
+            for n in range(len(level.nodes))
+            for j in samples[n * level.width : (n + 1) * level.width]
+        ]
+        completions = [gather_object(rollout.completions) for rollout in level.rollouts]
         advantages = [gather(output["advantages"]).tolist() for output in outputs]
-        if self.args.joint_mode == "cross" and self.num_agents > 1:
-            # Show the aligned tuple (k, ..., k) of each group, one of the scored tuples. In `cross_tuples` order it
-            # sits at index sum_a k * G**a = k * (G**N - 1) / (G - 1) of its group.
-            g, group = num_generations, num_generations**self.num_agents
-            diagonal = [b * group + k * (group - 1) // (g - 1) for b in range(len(prompts) // g) for k in range(g)]
-            rewards_per_func = rewards_per_func[diagonal]
-            extras = {column: [values[j] for j in diagonal] for column, values in extras.items()}
-        self._logs["prompt"].extend(prompts)
-        if self.num_agents == 1:
-            self._logs["completion"].extend(completions[0])
+        logs["prompt"].extend(gather_object([row["prompt"] for row in level.agent_rows[0]]))
+        if num_agents == 1:
+            logs["completion"].extend(completions[0])
         else:
-            self._logs["completion"].extend(
+            logs["completion"].extend(
                 "\n".join(f"[agent_{i}] {completion_text(c)}" for i, c in enumerate(joint))
                 for joint in zip(*completions)
             )
-            for i in range(self.num_agents):
-                self._logs["extra"][f"agent_{i}/completion"].extend(completion_text(c) for c in completions[i])
-                self._logs["extra"][f"agent_{i}/advantage"].extend(advantages[i])
+            for i in range(num_agents):
+                logs["extra"][f"agent_{i}/completion"].extend(completion_text(c) for c in completions[i])
+                logs["extra"][f"agent_{i}/advantage"].extend(advantages[i])
         for k, name in enumerate(self.reward_func_names):
-            self._logs["rewards"][name].extend(rewards_per_func[:, k].tolist())
-        for column, values in extras.items():
-            self._logs["extra"][column].extend(values)
-        self._logs["advantages"].extend(advantages[0])
+            logs["rewards"][name].extend(level.rewards_per_func[diagonal, k].tolist())
+        for column, values in level.extras.items():
+            logs["extra"][column].extend(values[j] for j in diagonal)
+        logs["advantages"].extend(advantages[0])
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, **kwargs):
         self._eval_recorder = EvalRecorder(self.num_agents) if self.record_eval_trajectories else None
@@ -511,12 +655,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ loss and optimization
 
     def _compute_loss(self, model, inputs):
-        # One backward per agent (and per turn), right after its forward (Trainer runs the last one's): it frees each
+        # One backward per agent, right after its forward (Trainer runs the last one's): it frees each
         # graph before the next forward, lets activation checkpointing recompute with the agent's own LoRA adapter
         # (switching adapters before one joint backward gives wrong gradients), and gives DDP one forward per
         # backward. DeepSpeed's engine counts backward calls as micro-steps, so there the losses are summed instead.
         separate_backward = model.training and torch.is_grad_enabled() and not self.is_deepspeed_enabled
-        parts = _loss_parts(inputs)  # (agent, its batch of one turn)
+        parts = _loss_parts(inputs)  # (agent, its batch: every turn of the rollout)
         total = 0.0
         for k, (i, batch) in enumerate(parts):
             with self._agent_view(i):
@@ -646,13 +790,9 @@ def _check_prompt_column(name: str, dataset, formatters) -> None:
 
 
 def _loss_parts(inputs: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
-    """Split a team batch into `(agent, batch)` parts: keys `agent_{i}/...`, or `agent_{i}/turn_{t}/...` with turns."""
-    parts: dict[str, tuple[int, dict[str, Any]]] = {}
+    """Split a team batch into `(agent, batch)` parts by the keys' `agent_{i}/` prefix."""
+    parts: dict[int, dict[str, Any]] = {}
     for key, value in inputs.items():
         agent, rest = key.split("/", 1)
-        part = agent
-        if rest.startswith("turn_"):
-            turn, rest = rest.split("/", 1)
-            part = f"{agent}/{turn}"
-        parts.setdefault(part, (int(agent.removeprefix("agent_")), {}))[1][rest] = value
-    return list(parts.values())
+        parts.setdefault(int(agent.removeprefix("agent_")), {})[rest] = value
+    return list(parts.items())

@@ -241,9 +241,29 @@ def test_prompts_and_batch_items_are_what_comlrl_passes(tmp_path, tiny_path, pro
     trainer.model.train()
     batch = generation_batch(prompts_dataset)
     trainer._generate_and_score_completions(batch)
-    ((prompts, rows),) = seen
-    assert prompts == [row["prompt"] + " A:" for row in batch]  # agent 0's prompt, as in CoMLRL
-    assert rows == batch  # the dataset rows, every column
+    # As CoMLRL 1.4.3 calls it: once per joint sample, with agent 0's prompt and the dataset row (every column).
+    assert seen == [([row["prompt"] + " A:"], [row]) for row in batch]
+
+
+def test_reward_is_called_once_per_joint_sample_and_its_first_value_used(tmp_path, tiny_path, prompts_dataset):
+    """CoMLRL-style rewards that read element [0] and return one value (CoMLRL's Minecraft project) work in the
+    CoMLRL layer, as in CoMLRL 1.4.3; the core calls a function once per batch."""
+    calls = []
+
+    def first_only(completions1, completions2):
+        calls.append((len(completions1), len(completions2)))
+        return [float(len(completions1[0]) - len(completions2[0])), 99.0]  # CoMLRL uses the first value
+
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path, reward_func=first_only, args=comlrl_args(tmp_path), train_dataset=prompts_dataset
+    )
+    trainer.model.train()
+    batch = generation_batch(prompts_dataset)
+    output = trainer._generate_and_score_completions(batch)
+    assert calls == [(1, 1)] * len(batch)
+    texts = [trainer.processing_class.batch_decode(completion_ids_of(output, a)) for a in range(2)]
+    expected = [float(len(a) - len(b)) for a, b in zip(*texts)]
+    assert trainer._metrics["train"]["reward"] == [pytest.approx(sum(expected) / len(expected), abs=1e-4)]
 
 
 def test_reward_range_is_checked():

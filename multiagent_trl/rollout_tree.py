@@ -1,0 +1,293 @@
+"""Rollouts as plain data: the levels of a multi-turn rollout, its returns, and each agent's credit.
+
+A *node* is one state of the team at one turn: the dataset row, the prompt every agent sees, and the path that led
+there. Every agent answers a node `width` times, and the joint reward scores the node's joint samples: the `width`
+aligned tuples (j-th completion of every agent), or all `width**N` tuples with `joint_mode="cross"`. A *level* holds
+the nodes of one turn, over the whole generation batch, so that one generation call and one reward call serve a turn.
+
+Two shapes (`MultiAgentGRPOConfig.rollout`):
+
+- `"tree"` (MAGRPO's definition, CoMLRL's `_train_step_returns`): every node has `width = G` (`num_generations`),
+  and each joint sample of a node spawns one child node, whose prompts the transition makes from that sample's
+  history. Turn t holds up to `B * S**t` nodes (S = G aligned, G**N cross). A node whose *mean* reward passes
+  `early_termination_threshold` has no children. A node's return for sample j is its reward plus `discount` times
+  the mean return of its child's samples. Siblings share one state, so a node's G samples are one advantage group.
+- `"linear"`: G trajectories per prompt; after the root, a node is one trajectory's turn (`width = 1`). A trajectory
+  whose reward passes the threshold ends, and its answer stands: its remaining turns score as its last, so it is never
+  ranked below one that went on for failing. Turn-t advantages compare the G trajectories of one prompt at turn t
+  (different states: cheaper than the tree, noisier).
+
+A single-turn step is a rollout of one level. Nothing here needs a model: tests build levels by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .rewards import cross_credit, cross_tuples
+
+TREE, LINEAR = "tree", "linear"
+SHAPES = (TREE, LINEAR)
+
+
+@dataclass
+class Node:
+    """One state of the team: what each agent sees at `turn`, and how the episode got there."""
+
+    row: dict[str, Any]  # the dataset row (every column)
+    turn: int
+    prompts: list  # (agents,): each agent's prompt at this turn
+    prompt_history: list[list] = field(default_factory=list)  # (agents, turn): prompts of the earlier turns
+    response_history: list[list] = field(default_factory=list)  # (agents, turn): completions on this path
+    parent: tuple[int, int] | None = None  # (node index in the previous level, the joint sample it continues)
+    trajectory: int = 0  # linear shape: the trajectory (root row of the generation batch) this node continues
+    placeholder: bool = False  # a copy that keeps processes in step: generated, but neither scored nor trained
+
+
+@dataclass
+class Level:
+    """The nodes of one turn. Each node has `width` rows per agent, consecutive (node n: rows n*width..)."""
+
+    nodes: list[Node]
+    width: int
+    samples: int  # joint samples per node: `width` (aligned) or `width**N` (cross)
+    rewards: torch.Tensor | None = None  # (nodes, samples, A): joint (A = 1) or each agent's (A = N); NaN: none
+    children: list[list[int | None]] = field(default_factory=list)  # (nodes, samples): child index in next level
+    stands: torch.Tensor | None = None  # (nodes, samples) bool: linear trajectory ended here by the threshold
+    returns: torch.Tensor | None = None  # (nodes, samples, A), from `returns`
+    # What was played, filled by the trainer: each agent's rows and rollout, and the scores of every process.
+    agent_rows: list[list[dict]] | None = None  # (agents, nodes * width)
+    rollouts: list | None = None  # (agents,) `rollouts.Rollout`
+    rewards_per_func: torch.Tensor | None = None  # (processes * nodes * samples, F), gathered; NaN: not scored
+    joint: torch.Tensor | None = None  # (processes * nodes * samples,), gathered, after the reward processor
+    extras: dict[str, list] = field(default_factory=dict)  # `log_extra` columns, gathered
+
+    def rows(self) -> list[dict]:
+        """The dataset row of every generation row (node n's row, `width` times)."""
+        return [node.row for node in self.nodes for _ in range(self.width)]
+
+    def prompts(self, agent: int) -> list:
+        """Agent `agent`'s prompt on every generation row."""
+        return [node.prompts[agent] for node in self.nodes for _ in range(self.width)]
+
+    def scored(self) -> torch.Tensor:
+        """`(nodes,)` bool: which nodes are real (not placeholders)."""
+        return torch.tensor([not node.placeholder for node in self.nodes], dtype=torch.bool)
+
+
+def root_level(rows: list[dict], agent_prompts: list[list], width: int, samples: int) -> Level:
+    """The first turn: one node per prompt group of the generation batch (`rows` repeats each row `width` times,
+    as TRL's sampler hands it over; `agent_prompts[i]` are agent i's prompts of those rows)."""
+    nodes = [
+        Node(row=rows[k], turn=0, prompts=[p[k] for p in agent_prompts], trajectory=k)
+        for k in range(0, len(rows), width)
+    ]
+    for node in nodes:
+        node.prompt_history = node.response_history = [[] for _ in agent_prompts]
+    return Level(nodes, width, samples)
+
+
+def padded(level: Level, num_nodes: int, template: Node | None = None) -> Level:
+    """`level` with placeholder copies of its first node (or of `template`, where it has none) appended up to
+    `num_nodes` nodes: every process must run the same generation and reward collectives, so a process with fewer
+    live nodes than another fills up."""
+    if len(level.nodes) >= num_nodes:
+        return level
+    template = level.nodes[0] if level.nodes else template
+    extra = [dataclasses.replace(template, placeholder=True) for _ in range(num_nodes - len(level.nodes))]
+    return dataclasses.replace(level, nodes=level.nodes + extra)
+
+
+def sample_members(level: Level, node: int, sample: int, num_agents: int) -> list[int]:
+    """The generation row of each agent's completion in joint sample `sample` of node `node`.
+
+    >>> level = Level(nodes=[None, None], width=2, samples=4)
+    >>> sample_members(level, 1, 2, num_agents=2)  # cross: sample 2 of a node is the tuple (1, 0)
+    [3, 2]
+    """
+    start = node * level.width
+    if level.samples == level.width:
+        return [start + sample] * num_agents
+    return [start + k for k in cross_tuples(level.width, num_agents)[sample]]
+
+
+def continuing(level: Level, shape: str, threshold: float | None) -> torch.Tensor:
+    """`(nodes, samples)` bool: which joint samples go on to another turn. Placeholders never do. In a tree, a node
+    whose mean reward passes `threshold` ends with all its samples; on linear trajectories each sample ends alone.
+
+    >>> level = Level([Node({}, 0, []), Node({}, 0, [])], width=2, samples=2)
+    >>> level.rewards = torch.tensor([[[1.0], [0.0]], [[0.2], [0.0]]])
+    >>> continuing(level, "tree", 0.4).tolist(), continuing(level, "linear", 0.4).tolist()
+    ([[False, False], [True, True]], [[False, True], [True, True]])
+    """
+    joint = torch.nanmean(level.rewards, dim=2)  # (nodes, samples)
+    go_on = level.scored().unsqueeze(1).expand_as(joint).clone()
+    if threshold is None:
+        return go_on
+    if shape == LINEAR:
+        return go_on & ~(joint > threshold)
+    return go_on & ~(torch.nanmean(joint, dim=1, keepdim=True) > threshold)
+
+
+def child(level: Level, node: int, sample: int, completions: list, prompts: list, shape: str) -> Node:
+    """The node that continues joint sample `sample` of node `node`: `completions` are the sample's (one per agent),
+    `prompts` what the transition returned for the next turn."""
+    parent = level.nodes[node]
+    return Node(
+        row=parent.row,
+        turn=parent.turn + 1,
+        prompts=list(prompts),
+        prompt_history=[h + [p] for h, p in zip(parent.prompt_history, parent.prompts, strict=True)],
+        response_history=[h + [c] for h, c in zip(parent.response_history, completions, strict=True)],
+        parent=(node, sample),
+        trajectory=parent.trajectory + (sample if shape == LINEAR and parent.turn == 0 else 0),
+    )
+
+
+def link(levels: list[Level], num_turns: int) -> None:
+    """Fill each level's `children` (and, on linear trajectories, `stands`) from the next level's parents."""
+    for t, level in enumerate(levels):
+        level.children = [[None] * level.samples for _ in level.nodes]
+        if t + 1 < len(levels):
+            for k, node in enumerate(levels[t + 1].nodes):
+                if node.parent is not None and not node.placeholder:
+                    level.children[node.parent[0]][node.parent[1]] = k
+        ended = torch.tensor([[c is None for c in row] for row in level.children], dtype=torch.bool)
+        level.stands = ended & level.scored().unsqueeze(1) & (t < num_turns - 1)
+
+
+def returns(levels: list[Level], discount: float, shape: str, num_turns: int) -> list[torch.Tensor]:
+    """Each level's returns, `(nodes, samples, A)`, bottom up: a sample's reward plus `discount` times the mean
+    return of its child's samples (tree; on linear trajectories the child has one sample). A sample without a child
+    returns its reward, except a linear trajectory ended early by the threshold: its answer stands, so each remaining
+    turn adds its last reward again, discounted. Call `link` first.
+
+    >>> root = Level([Node({}, 0, [])], width=2, samples=2, rewards=torch.tensor([[[1.0], [0.0]]]))
+    >>> children = [Node({}, 1, [], parent=(0, 0)), Node({}, 1, [], parent=(0, 1))]
+    >>> leaf = Level(children, width=2, samples=2, rewards=torch.tensor([[[1.0], [3.0]], [[0.0], [0.0]]]))
+    >>> link([root, leaf], num_turns=2)
+    >>> [r.squeeze(-1).tolist() for r in returns([root, leaf], 0.5, "tree", num_turns=2)]
+    [[[2.0, 0.0]], [[1.0, 3.0], [0.0, 0.0]]]
+    """
+    out: list[torch.Tensor] = [torch.empty(0)] * len(levels)
+    for t in range(len(levels) - 1, -1, -1):
+        level = levels[t]
+        value = level.rewards.clone()
+        if shape == LINEAR:  # the remaining turns of an ended trajectory score as its last
+            stood = sum(discount**k for k in range(1, num_turns - t))
+            value = torch.where(level.stands.unsqueeze(2), value * (1 + stood), value)
+        for n, row in enumerate(level.children):
+            for j, c in enumerate(row):
+                if c is not None:
+                    child_returns = out[t + 1][c]  # (child samples, A)
+                    value[n, j] = torch.nan_to_num(value[n, j]) + discount * torch.nanmean(child_returns, dim=0)
+        out[t] = value
+    return out
+
+
+def agent_credit(level: Level, values: torch.Tensor, agent: int, num_agents: int, reduction: str) -> torch.Tensor:
+    """Agent `agent`'s credit on each of its rows of `level`, `(nodes * width,)`, from per-sample `values` shaped
+    `(nodes, samples, A)`: the sample's value (aligned), or over the cross tuples that hold the completion, their
+    `reduction` (`"mean"`, or `"sum"` as CoMLRL credits)."""
+    column = values[:, :, min(agent, values.size(2) - 1)]  # (nodes, samples)
+    if level.samples == level.width:
+        return column.reshape(-1)
+    return cross_credit(column.reshape(-1, 1), level.width, num_agents, agent, reduction).flatten()
+
+
+def linear_groups(levels: list[Level], group: int) -> list[list[tuple[int, int] | None]]:
+    """For each level of linear trajectories, its rows in advantage groups of `group` (the G trajectories of a
+    prompt, in order): `(node, row in node)` where the trajectory played that turn, `None` where it had ended."""
+    out = []
+    for t, level in enumerate(levels):
+        if t == 0:
+            out.append([(k // level.width, k % level.width) for k in range(len(level.nodes) * level.width)])
+            continue
+        where = {node.trajectory: (n, 0) for n, node in enumerate(level.nodes) if not node.placeholder}
+        out.append([where.get(k) for k in range(len(levels[0].nodes) * group)])
+    return out
+
+
+def paths(levels: list[Level]) -> list[list[tuple[int, int, int]]]:
+    """One path per root row (`(turn, node, joint sample)` per turn played): the root's aligned sample j (in cross
+    mode the tuple `(j, ..., j)`), then in each child its first sample (the only one on linear trajectories). The
+    completions table and evaluation trajectories follow these paths.
+
+    >>> root = Level([Node({}, 0, [])], width=2, samples=4, children=[[None, None, None, 0]])
+    >>> leaf = Level([Node({}, 1, [], parent=(0, 3))], width=2, samples=4, children=[[None] * 4])
+    >>> paths([root, leaf])
+    [[(0, 0, 0)], [(0, 0, 3), (1, 0, 0)]]
+    """
+    out = []
+    root = levels[0]
+    for n, node in enumerate(root.nodes):
+        if node.placeholder:
+            continue
+        for j in range(root.width):
+            sample = j if root.samples == root.width else j * (root.samples - 1) // max(root.width - 1, 1)
+            path = [(0, n, sample)]
+            c = root.children[n][sample] if root.children else None
+            while c is not None:
+                t = len(path)
+                path.append((t, c, 0))
+                c = levels[t].children[c][0] if levels[t].children else None
+            out.append(path)
+    return out
+
+
+def tree_completions(num_prompts: int, width: int, num_agents: int, num_turns: int, cross: bool, shape: str) -> int:
+    """The most completions one agent generates for `num_prompts` prompts (no early termination).
+
+    >>> tree_completions(1, 2, 2, 4, cross=False, shape="tree")  # CoMLRL's Minecraft: 2 + 4 + 8 + 16
+    30
+    >>> tree_completions(1, 4, 2, 2, cross=True, shape="tree")  # 4 + 16 nodes of 4
+    68
+    >>> tree_completions(1, 4, 2, 3, cross=False, shape="linear")
+    12
+    """
+    if shape == LINEAR:
+        return num_prompts * width * num_turns
+    branching = width**num_agents if cross else width
+    return num_prompts * width * sum(branching**t for t in range(num_turns))
+
+
+def training_rows(
+    levels: list[Level], values: list[torch.Tensor], shape: str, num_turns: int, discount: float
+) -> tuple[list[tuple[int, int, bool]], list[torch.Tensor]]:
+    """The rows every agent is trained on, in advantage groups of the root's width, and the value each row is
+    credited with per agent column: `(rows, values)` with `rows[r] = (turn, generation row in that turn's level,
+    trained)` and `values[a]` shaped `(rows,)` for column a of `values` (`returns`' output, aligned samples).
+
+    Tree: every row of every level (a node's rows are its group; placeholders are not trained). Linear: per turn,
+    the G trajectories of each prompt in order; a trajectory that ended repeats its last row untrained, credited
+    with its standing answer (its last reward, once per remaining turn, discounted), so that the others are still
+    compared with it.
+    """
+    columns = values[0].size(2)
+    rows: list[tuple[int, int, bool]] = []
+    credit: list[list[float]] = [[] for _ in range(columns)]
+    last: dict[int, tuple[int, int, int]] = {}  # linear trajectory -> (turn, node, sample) of its last turn played
+    for t, level in enumerate(levels):
+        slots = [(n, j) for n in range(len(level.nodes)) for j in range(level.width)]
+        if shape == LINEAR and t > 0:
+            slots = linear_groups(levels, levels[0].width)[t]
+        for k, slot in enumerate(slots):
+            if slot is None:  # a linear trajectory that ended: its answer stands
+                t_end, n, j = last[k]
+                stood = sum(discount**i for i in range(num_turns - t))
+                row = n * levels[t_end].width + j
+                rows.append((t_end, row, False))
+                for a in range(columns):
+                    credit[a].append(float(levels[t_end].rewards[n, j, a]) * stood)
+                continue
+            n, j = slot
+            rows.append((t, n * level.width + j, not level.nodes[n].placeholder))
+            for a in range(columns):
+                credit[a].append(float(values[t][n, j, a]))
+            if shape == LINEAR:
+                last[level.nodes[n].trajectory + (j if t == 0 else 0)] = (t, n, j)
+    return rows, [torch.tensor(c) for c in credit]
