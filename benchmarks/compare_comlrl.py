@@ -12,6 +12,15 @@ Run it (offline, about 10 minutes on 2 CPU cores) from the repository root, with
 
     HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python /tmp/comlrl-venv/bin/python
 
+(The dev extra installs comlrl==1.4.3 beside this library, so `--comlrl-python .venv/bin/python` works as well.)
+The multi-turn task (`--num-turns 2`): turn 2's prompt tells both agents the lengths they wrote and the target
+ratio; both libraries play CoMLRL's tree with no early termination, so they train on the same number of samples
+(G + G*G joint samples per prompt), and the report gives each turn's reward per epoch, the reward calls per prompt
+and the times:
+
+    HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --num-turns 2 \
+        --num-generations 4 --epochs 6 --seeds 0 1 --advantage-modes mean
+
 `--jobs` runs (default 2) train at once, each with `--threads` torch threads (default: CPU count / jobs), CoMLRL's
 (the slower) first. On a shared machine wall times vary with the load; the CPU time of each run varies less.
 
@@ -92,6 +101,31 @@ class RecordedReward:
         return rewards
 
 
+HINT = "Write it again:"  # ends every turn-2 prompt
+
+
+def length_hint(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
+    """The multi-turn task's feedback (CoMLRL's keyword convention): each agent learns both lengths and the target."""
+    first, second = (len(c) for c in agent_completions)
+    ratio = second / max(first, 1)
+    note = f"The first answer had {first} characters, the second {second} (ratio {ratio:.1f}; the target is 2 to 3)."
+    return [f"{prompt}\n{note} {HINT}"] * num_agents
+
+
+class TurnRecordedReward(RecordedReward):
+    """The task reward for the multi-turn task, recording each reward with its turn (read from the prompt, which
+    both libraries pass first: CoMLRL's `f(prompts, completions1, completions2)` convention)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.turns: list[int] = []
+
+    def __call__(self, prompts, completions1, completions2) -> list[float]:  # type: ignore[override]
+        rewards = super().__call__(completions1, completions2)
+        self.turns.extend(2 if p.endswith(HINT) else 1 for p in prompts[: len(rewards)])
+        return rewards
+
+
 @dataclass
 class Settings:
     """What both libraries share (flags of the same names, `--learning-rate` or `--learning_rate`)."""
@@ -125,6 +159,13 @@ class Settings:
             "help": "multiagent_trl's generation: 'plain' (generate), 'continuous_batching' or 'compiled' (see "
             "benchmarks/generation.py, which times the paths side by side).",
             "choices": ["plain", "continuous_batching", "compiled"],
+        },
+    )
+    num_turns: int = field(
+        default=1,
+        metadata={
+            "help": "Turns per episode: 2 adds a second turn whose prompt tells both agents the lengths they wrote "
+            "and the target ratio; both libraries then play CoMLRL's tree (G + G*G joint samples per prompt)."
         },
     )
     comlrl_python: str = field(default=DEFAULT_COMLRL_PYTHON, metadata={"help": "Interpreter of the CoMLRL venv."})
@@ -179,7 +220,9 @@ def ours_trainer(
         logging_steps=1,
         num_agents=2,
         num_generations=settings.num_generations,
-        num_turns=1,
+        num_turns=settings.num_turns,
+        early_termination_threshold=None,
+        external_prompt_passthrough=True,
         max_new_tokens=settings.max_new_tokens,
         temperature=settings.temperature,
         top_p=settings.top_p,
@@ -201,6 +244,7 @@ def ours_trainer(
         args=config,
         train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
         tokenizer=AutoTokenizer.from_pretrained(model_path),
+        external_transition=length_hint if settings.num_turns > 1 else None,
     )
 
 
@@ -222,7 +266,9 @@ def comlrl_trainer(settings: Settings, model_path: str, *, epochs: int, advantag
         temperature=settings.temperature,
         top_p=settings.top_p,
         top_k=settings.top_k,
-        num_turns=1,
+        num_turns=settings.num_turns,
+        early_termination_threshold=None,
+        external_prompt_passthrough=True,
         joint_mode="aligned",
         eval_interval=0,
         rollout_buffer_size=settings.rollout_buffer_size,
@@ -237,6 +283,7 @@ def comlrl_trainer(settings: Settings, model_path: str, *, epochs: int, advantag
         train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
         tokenizer=AutoTokenizer.from_pretrained(model_path),
         wandb_config=None,  # no wandb.init; the reward wrapper is the log
+        external_transition=length_hint if settings.num_turns > 1 else None,
     )
     trainer.verbose = False  # no tqdm bars (CoMLRL reads this from wandb_config, which must stay None)
     return trainer
@@ -248,7 +295,7 @@ def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str, 
 
     seed_everything(seed, settings.threads)
     optimizer = MATCHED_OPTIMIZER if settings.ours_optimizer == "matched" else {}
-    reward = RecordedReward()
+    reward = TurnRecordedReward() if settings.num_turns > 1 else RecordedReward()
     trainer = ours_trainer(
         settings, model_path, output_dir, epochs=settings.epochs, seed=seed, advantage_mode=advantage_mode,
         reward=reward, **optimizer, **path_settings(settings.generation_path),
@@ -260,6 +307,7 @@ def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str, 
     return {
         "step_rewards": step_rewards,
         "raw_rewards": reward.rewards,
+        "turns": getattr(reward, "turns", None),
         "train_seconds": wall,
         "train_cpu_seconds": cpu,
     }
@@ -268,14 +316,20 @@ def train_ours(settings: Settings, model_path: str, seed: int, output_dir: str, 
 def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str, advantage_mode: str) -> dict:
     """CoMLRL: every raw reward its reward function returns (one call per aligned joint sample)."""
     seed_everything(seed, settings.threads)
-    reward = RecordedReward()
+    reward = TurnRecordedReward() if settings.num_turns > 1 else RecordedReward()
     trainer = comlrl_trainer(
         settings, model_path, epochs=settings.epochs, advantage_mode=advantage_mode, reward=reward
     )
     start, cpu_start = time.perf_counter(), time.process_time()
     trainer.train()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    return {"step_rewards": None, "raw_rewards": reward.rewards, "train_seconds": wall, "train_cpu_seconds": cpu}
+    return {
+        "step_rewards": None,
+        "raw_rewards": reward.rewards,
+        "turns": getattr(reward, "turns", None),
+        "train_seconds": wall,
+        "train_cpu_seconds": cpu,
+    }
 
 
 def run_worker(args: WorkerArguments, settings: Settings) -> None:
@@ -334,7 +388,7 @@ def launch(
 def per_sample_rewards(library: str, result: dict, settings: Settings) -> list[float]:
     """Scaled joint reward of every sample in generation order (ours: each step's logged mean, per sample)."""
     raw = [REWARD_SCALE * r for r in result["raw_rewards"]]
-    if library == "comlrl":
+    if library == "comlrl" or settings.num_turns > 1:  # multi-turn: ours logs returns; the wrapper has every reward
         return raw
     step = settings.samples_per_step
     logged = result["step_rewards"]
@@ -423,6 +477,44 @@ def print_report(
     }
 
 
+def print_turn_report(results: dict[str, list[dict]], settings: Settings, mode: str) -> dict:
+    """Multi-turn: each turn's mean joint reward per epoch (both libraries, the same samples: every node of the tree
+    is expanded), the reward calls and completions per prompt, and the times."""
+    prompts, g = len(TRAIN_PROMPTS), settings.num_generations
+    curves = {lib: {t: [] for t in range(1, settings.num_turns + 1)} for lib in LIBRARIES}
+    for lib in LIBRARIES:
+        for result in results[lib]:
+            for t in curves[lib]:
+                rewards = [REWARD_SCALE * r for r, turn in zip(result["raw_rewards"], result["turns"]) if turn == t]
+                curves[lib][t].append(binned(rewards, prompts * g**t))
+    title = f"{settings.num_turns} turns, advantage_mode={mode!r}: joint reward (x{REWARD_SCALE:g}) per epoch and turn"
+    print(f"\n=== {title}")
+    columns = [f"{lib[:6]} t{t}" for t in curves["comlrl"] for lib in LIBRARIES]
+    print(f"{'epoch':>5} | " + " | ".join(f"{c:>15}" for c in columns))
+    epochs = min(len(c) for lib in LIBRARIES for t in curves[lib] for c in curves[lib][t])
+    for k in range(epochs):
+        cells = [mean_std([c[k] for c in curves[lib][t]]) for t in curves["comlrl"] for lib in LIBRARIES]
+        print(f"{k + 1:>5} | " + " | ".join(f"{c:>15}" for c in cells))
+    print(f"\n{'':34} | {'multiagent_trl':>26} | {'comlrl':>26} | {'ours/theirs':>11}")
+    rows = []
+    for t in curves["comlrl"]:
+        rows.append(
+            (
+                f"turn {t}: mean reward, all epochs",
+                *[[statistics.fmean(c) for c in curves[lib][t]] for lib in LIBRARIES],
+            )
+        )
+    per_prompt = {
+        lib: [len(r["raw_rewards"]) / (prompts * settings.epochs) for r in results[lib]] for lib in LIBRARIES
+    }
+    rows.append(("reward calls per prompt", per_prompt["multiagent_trl"], per_prompt["comlrl"]))
+    for key, label in (("train_seconds", "train wall time (s)"), ("train_cpu_seconds", "train CPU time (s)")):
+        rows.append((label, *[[r[key] for r in results[lib]] for lib in LIBRARIES]))
+    for label, ours, theirs in rows:
+        print(summary_row(label, ours, theirs))
+    return {"turn_curves": curves, "reward_calls_per_prompt": per_prompt}
+
+
 def format_seeds(values: list[float | None]) -> str:
     """`mean [v1 v2 ...]`; the mean is `-` when a value is missing (a run that never reached the threshold)."""
 
@@ -461,6 +553,9 @@ def run_driver(settings: Settings) -> None:
         reports = {}
         for mode in modes:
             results = {lib: [futures[lib, mode, seed].result() for seed in settings.seeds] for lib in LIBRARIES}
+            if settings.num_turns > 1:
+                reports[mode] = print_turn_report(results, settings, mode)
+                continue
             curves: dict[str, list[list[float]]] = {library: [] for library in LIBRARIES}
             for library in LIBRARIES:
                 for seed, result in zip(settings.seeds, results[library]):

@@ -1,11 +1,13 @@
 """Two agents, two turns, a checker in between: the second agent's answer should be 2-3x as long as the first's.
 
-Turn 0: both agents answer the task independently. A deterministic checker then tells each agent what was wrong
-("the second answer is too short: write less" to the writer, "... write more" to the editor); that feedback is
-their prompt for turn 1. Every turn is scored by the same joint reward: 0 when the length ratio is in [2, 3], else
-minus the distance to that band (at most -1). An episode ends at the first turn that passes
-(`early_termination_threshold`), so passing at once (return 0) beats passing after feedback (return r_0 < 0). Each
-agent is trained on both turns with group-relative advantages of the discounted return-to-go.
+Turn 1: both agents answer the task independently, G times (G = `num_generations`). A deterministic checker then
+tells each agent what was wrong with each joint answer ("the second answer is too short: write less" to the writer,
+"... write more" to the editor); that feedback is their prompt for turn 2, where they answer G times again (MAGRPO's
+tree: G + G*G joint samples per task). Every turn is scored by the same joint reward: 0 when the length ratio is in
+[2, 3], else minus the distance to that band (at most -1). A node whose G answers all pass
+(`early_termination_threshold`) gets no second turn, so passing at once (return 0) beats passing after feedback
+(return r_1 < 0). Each agent is trained on both turns, with advantages relative to the answers given to the same
+prompt (a node's G samples).
 
 Run it:
 

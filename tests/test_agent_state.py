@@ -57,8 +57,8 @@ def test_multiturn_reward_logs_are_per_turn(tmp_path, tiny_path, prompts_dataset
     )
     trainer.train()
     logs = trainer.state.log_history[0]
-    assert logs["turn_0/judge_calls"] == logs["turn_1/judge_calls"] == 1.0
-    assert len(trainer._logs["extra"]["turn_0/judge_note"]) == len(trainer._logs["extra"]["turn_1/judge_note"]) == 8
+    assert logs["turn_1/judge_calls"] == logs["turn_2/judge_calls"] == 1.0  # turns are named from 1
+    assert len(trainer._logs["extra"]["turn_1/judge_note"]) == len(trainer._logs["extra"]["turn_2/judge_note"]) == 8
 
 
 def test_each_adapter_config_names_its_own_base(tmp_path, tiny_path, tiny_llama_path, prompts_dataset):

@@ -192,6 +192,32 @@ def test_advantage_modes_against_hand_computed_values(tmp_path, tiny_path, promp
         torch.testing.assert_close(expected, grpo, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["raw", "mean", "rloo"])
+def test_cross_mode_advantages_are_comlrls_sums(tmp_path, tiny_path, prompts_dataset, mode):
+    """CoMLRL credits a completion with the *sum* of the returns of the G**(N-1) cross tuples holding it; without
+    normalization that is G**(N-1) times the core's mean, so the CoMLRL layer must sum."""
+
+    def reward(completions1, completions2):
+        return [float(len(a) % 5) + 0.5 * float(len(b) % 3) for a, b in zip(completions1, completions2)]
+
+    args = comlrl_args(tmp_path, joint_mode="cross", advantage_mode=mode, advantage_normalization=False)
+    assert args.cross_credit == "sum"
+    trainer = MAGRPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=prompts_dataset)
+    trainer.model.train()
+    output = trainer._generate_and_score_completions(generation_batch(prompts_dataset))
+    texts = [trainer.processing_class.batch_decode(completion_ids_of(output, a)) for a in range(2)]
+    for agent in range(2):
+        credit = []
+        for start in range(0, len(texts[0]), G):
+            group = [texts[a][start : start + G] for a in range(2)]
+            for k in range(G):  # CoMLRL's per-completion sum over the tuples that hold completion k
+                pairs = [(group[0][k], b) for b in group[1]] if agent == 0 else [(a, group[1][k]) for a in group[0]]
+                credit.append(sum(reward([a], [b])[0] for a, b in pairs))
+        expected = torch.cat([by_hand(credit[k : k + G], mode, False) for k in range(0, len(credit), G)])
+        torch.testing.assert_close(output[f"agent_{agent}/advantages"], expected, rtol=1e-4, atol=1e-4)
+        assert expected.abs().sum() > 0
+
+
 # ---------------------------------------------------------------------------------------------- 5. rewards
 
 
@@ -547,3 +573,18 @@ def test_agent_model_must_be_a_name(tmp_path, tiny_path, prompts_dataset):
         MAGRPOTrainer(
             agent_model=model, reward_func=reference, args=comlrl_args(tmp_path), train_dataset=prompts_dataset
         )
+
+
+def test_discount_is_accepted_and_unused_as_in_comlrl(tmp_path, caplog):
+    """CoMLRL 1.4.3 trains on the undiscounted return ("Training return is the undiscounted reward sum")."""
+    with caplog.at_level("WARNING", logger="multiagent_trl.comlrl"):
+        args = comlrl_args(tmp_path, num_turns=2, discount=0.9)
+    assert (args.discount, args.comlrl_discount, args.rollout) == (1.0, 0.9, "tree")
+    assert [r.getMessage() for r in caplog.records if "discount" in r.getMessage()] == [
+        "MAGRPOConfig: `discount=0.9` is not used in training, as in CoMLRL 1.4.3 (its training return is the "
+        "undiscounted reward sum); returns are undiscounted. For discounted returns use MultiAgentGRPOConfig."
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="multiagent_trl.comlrl"):
+        comlrl_args(tmp_path, num_turns=2)
+    assert not caplog.records

@@ -48,3 +48,30 @@ def test_comlrl_script_runs_with_only_its_imports_changed(tmp_path, tiny_path, m
     assert len(list((tmp_path / "checkpoints").glob("checkpoint-*"))) == 1
     for i in range(2):
         assert AutoModelForCausalLM.from_pretrained(tmp_path / "final" / f"agent_{i}").config.model_type == "qwen2"
+
+
+TWO_TURN_SCRIPT = Path(__file__).parent.parent / "benchmarks" / "comlrl_two_turn_script.py"
+TWO_TURN_IMPORTS = "from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer\n"
+
+
+def run_two_turn_script(imports: str, tiny_path: str):
+    source = TWO_TURN_SCRIPT.read_text()
+    assert source.count(TWO_TURN_IMPORTS) == 1
+    namespace = {"__name__": "two_turn_script"}
+    exec(compile(source.replace(TWO_TURN_IMPORTS, imports), str(TWO_TURN_SCRIPT), "exec"), namespace)
+    return namespace["main"](tiny_path)
+
+
+def test_two_turn_script_runs_under_both_libraries(tmp_path, tiny_path, monkeypatch):
+    """A CoMLRL project's multi-turn script (a feedback transition, a reward reading element [0]) runs with only its
+    imports changed, and plays CoMLRL's tree: both libraries call the reward once per joint sample of every node
+    (2 prompts x (G + G*G) = 12 at G=2) and the transition once per joint sample of turn 1 (2 x G = 4)."""
+    monkeypatch.chdir(tmp_path)  # both write under the config's default output_dir
+    trainer, calls = run_two_turn_script("from multiagent_trl import MAGRPOConfig, MAGRPOTrainer\n", tiny_path)
+    assert calls == {"reward": 12, "transition": 4}
+    assert trainer.state.global_step == 1 and trainer.args.rollout == "tree"
+    logged = trainer.state.log_history[0]
+    assert {"turn_1/reward_mean", "turn_2/reward_mean", "turn_2/expected_return"} <= set(logged)
+    pytest.importorskip("comlrl", reason="CoMLRL's half needs comlrl==1.4.3 (the dev extra installs it)")
+    _, comlrl_calls = run_two_turn_script(TWO_TURN_IMPORTS, tiny_path)
+    assert comlrl_calls == calls

@@ -39,6 +39,12 @@ def test_two_processes_train_the_same_team(tmp_path, tiny_path, kind):
         second_turns = sum(p.endswith("again.") for p, _, _ in rank["seen"])
         assert (second_turns > 0) == (kind == "multiturn")
     assert ranks[0]["seen"] != ranks[1]["seen"], "both ranks scored the same samples: no data parallelism"
+    if kind == "multiturn":
+        # Even rows end at turn 1. Where one rank's node went on and the other's ended, the other scored placeholder
+        # copies of its turn-1 node (collectives need equal rows): more turn-1 prompts than its 4 rows per step.
+        assert len(ranks[0]["seen"]) == len(ranks[1]["seen"])
+        first_turns = [sum(not p.endswith("again.") for p, _, _ in rank["seen"]) for rank in ranks]
+        assert max(first_turns) > 4 * 3, first_turns
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])

@@ -128,7 +128,7 @@ def test_two_turn_checker_reads_its_yaml(checker):
     _, args, model_args = checker.parse_args(["--model", "tiny", "--discount", "0.9", "--num_turns", "3"])
     assert model_args.model_name_or_path == "tiny"
     assert (args.num_agents, args.num_turns, args.discount, args.early_termination_threshold) == (2, 3, 0.9, -1e-6)
-    assert (args.learning_rate, args.max_completion_length, args.per_device_train_batch_size) == (3e-3, 24, 16)
+    assert (args.learning_rate, args.max_completion_length, args.per_device_train_batch_size) == (3e-3, 24, 8)
     assert args.eval_do_sample is False and args.num_generations_eval == 1
     with pytest.raises(ValueError, match="num_agents"):
         checker.parse_args(["--model", "tiny", "--num_agents", "3"])
@@ -186,7 +186,7 @@ def test_quickstart_command_runs_offline(tmp_path):
 def test_two_turn_checker_example_runs_offline(tmp_path):
     out = tmp_path / "checker"
     script = str(EXAMPLES / "two-turn-checker.py")
-    batch = ["--per_device_train_batch_size", "8"]  # two tasks x 4 trajectories
+    batch = ["--per_device_train_batch_size", "8"]  # two tasks x 4 samples
     result = subprocess.run(
         [sys.executable, script, "--model", "tiny", *FAST, *batch, "--output-dir", str(out)],
         capture_output=True,

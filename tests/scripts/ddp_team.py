@@ -22,7 +22,9 @@ def main(out_dir: str, kind: str) -> None:
     def tagged(prompts, completions, row_id, **kwargs):
         for (p0, p1), rid in zip(prompts, row_id):
             seen.append([p0, p1, rid])
-        return [len(b) / (1 + len(a)) for a, b in completions]
+        # "multiturn": even rows end after turn 1 (their mean passes the threshold), so the ranks' trees differ
+        bonus = [10.0 * (kind == "multiturn" and rid % 2 == 0) for rid in row_id]
+        return [len(b) / (1 + len(a)) + extra for (a, b), extra in zip(completions, bonus)]
 
     dataset = Dataset.from_dict({"prompt": [f"Row {i}: tell a story." for i in range(8)], "row_id": list(range(8))})
     args = MultiAgentGRPOConfig(
@@ -36,7 +38,7 @@ def main(out_dir: str, kind: str) -> None:
         report_to="none",
         save_strategy="no",
         seed=0,
-        # "multiturn": a second turn for the trajectories whose first turn scored at most 1 (ranks differ in which)
+        # "multiturn": a second turn for the nodes whose first turn scored at most 1 on average
         num_turns=2 if kind == "multiturn" else 1,
         early_termination_threshold=1.0 if kind == "multiturn" else None,
     )
