@@ -197,6 +197,13 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         check_reference_sync(args, models)
         processing_classes = load_processing_classes(processing_class, models, args)
         self._check_team_arguments(args, num_agents, shared_base, processing_classes, kwargs)
+        if optimizers[1] is not None and args.agent_learning_rates is not None:
+            raise ValueError(
+                "`agent_learning_rates` splits the optimizer into one group per agent, which the learning-rate "
+                "scheduler given in `optimizers=` was not built for. Give your optimizer one parameter group per "
+                "agent with its own `lr` instead, or pass only the optimizer (`optimizers=(optimizer, None)`): the "
+                "trainer then builds the schedule (`lr_scheduler_type`) over the agents' groups."
+            )
         team_tools = TeamTools.from_arguments(kwargs, num_agents, args)  # a team's tools go to the agents' views
         if num_agents > 1 and args.ddp_find_unused_parameters is None:
             # Each agent's forward and backward leaves the other agents' parameters unused (DDP must be told).
@@ -528,9 +535,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return total
 
     def create_optimizer(self, model=None):
+        given = self.optimizer is not None  # through `optimizers=` (or built by an earlier call)
         optimizer = super().create_optimizer(model)
         learning_rates = self.args.agent_learning_rates
-        if self.num_agents == 1 and learning_rates is None:
+        if learning_rates is None and (self.num_agents == 1 or given):
+            # A user's optimizer keeps its own groups and hyperparameters, which a schedule given with it indexes;
+            # per-agent clipping needs no group per agent (`_clip_grad_norm` reads each agent's parameters).
             return optimizer
         # Split each of Trainer's parameter groups (decay / no decay) into one group per agent, with its own
         # learning rate; the scheduler then scales every group's rate by the same factor.
