@@ -476,9 +476,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         advantages = [gather(output["advantages"]).tolist() for output in outputs]
         if self.args.joint_mode == "cross" and self.num_agents > 1:
             # Show the aligned tuple (k, ..., k) of each group, one of the scored tuples. In `cross_tuples` order it
-            # sits at index sum_a k * G**a = k * (G**N - 1) / (G - 1) of its group.
+            # sits at index sum_a k * G**a of its group: k * (G**N - 1) / (G - 1), or 0 in a group of one (G = 1, as
+            # in evaluation with `num_generations_eval=1`).
             g, group = num_generations, num_generations**self.num_agents
-            diagonal = [b * group + k * (group - 1) // (g - 1) for b in range(len(prompts) // g) for k in range(g)]
+            step = (group - 1) // (g - 1) if g > 1 else 0
+            diagonal = [b * group + k * step for b in range(len(prompts) // g) for k in range(g)]
             rewards_per_func = rewards_per_func[diagonal]
             extras = {column: [values[j] for j in diagonal] for column, values in extras.items()}
         self._logs["prompt"].extend(prompts)

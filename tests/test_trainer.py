@@ -1,11 +1,13 @@
 """Training a team: which parameters move, per-agent learning rates and gradients, heterogeneous agents, saving."""
 
+import math
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOTrainer
 
-from multiagent_trl import MultiAgentGRPOTrainer
+from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, MultiAgentGRPOTrainer
 
 from .conftest import length_ratio, small_args
 
@@ -198,3 +200,31 @@ def test_a_users_schedule_and_agent_learning_rates_are_refused(tmp_path, tiny_pa
             train_dataset=prompts_dataset,
             optimizers=(optimizer, schedule),
         )
+
+
+@pytest.mark.parametrize("trainer_class", [MultiAgentGRPOTrainer, MAGRPOTrainer])
+def test_cross_mode_evaluates_one_completion_per_prompt(tmp_path, tiny_path, prompts_dataset, trainer_class):
+    if trainer_class is MAGRPOTrainer:  # CoMLRL's defaults: num_generations_eval=1
+        args = MAGRPOConfig(
+            output_dir=str(tmp_path / "out"),
+            num_turns=1,
+            joint_mode="cross",
+            max_new_tokens=8,
+            report_to="none",
+            eval_batch_size=2,
+        )
+        assert args.num_generations_eval == 1
+        kwargs = dict(agent_model=tiny_path, num_agents=2, reward_func=length_ratio)
+    else:
+        args = small_args(tmp_path, num_agents=2, joint_mode="cross", num_generations_eval=1)
+        kwargs = dict(model=tiny_path, reward_funcs=length_ratio)
+    trainer = trainer_class(
+        args=args, train_dataset=prompts_dataset, eval_dataset=prompts_dataset.select(range(2)), **kwargs
+    )
+    metrics = trainer.evaluate()
+    assert math.isfinite(metrics["eval_reward"])
+    # One row per prompt in the completions table, each the joint sample that was scored.
+    table = trainer._logs
+    assert len(table["prompt"]) == 2
+    expected = length_ratio(list(table["extra"]["agent_0/completion"]), list(table["extra"]["agent_1/completion"]))
+    assert list(table["rewards"]["length_ratio"]) == pytest.approx(expected, rel=1e-6)
