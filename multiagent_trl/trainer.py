@@ -527,14 +527,31 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         separate_backward = model.training and torch.is_grad_enabled() and not self.is_deepspeed_enabled
         parts = _loss_parts(inputs)  # (agent, its batch of one turn)
         total = 0.0
+        agent_losses = [0.0] * self.num_agents
         for k, (i, batch) in enumerate(parts):
             with self._agent_view(i):
                 loss = super()._compute_loss(model, batch)
+                agent_losses[i] = agent_losses[i] + loss.detach()
                 if separate_backward and k < len(parts) - 1:
                     self.accelerator.backward(loss)
                     loss = loss.detach()
             total = total + loss
+        if model.training and self.num_agents > 1:
+            self._log_agent_losses(agent_losses)
         return total
+
+    def _log_agent_losses(self, agent_losses: list[torch.Tensor | float]) -> None:
+        """Record each agent's loss of this micro-batch as `agent_{i}/loss`, on the scale of Trainer's `loss`.
+
+        TRL's loss is already divided over the accumulation window; Trainer logs the window's sum per optimizer step
+        (averaged over processes), while TRL's metrics are averaged over their entries, one per micro-batch here. So
+        each entry is multiplied by the window's length: the agents' logged losses then add up to the logged `loss`.
+        """
+        device = self.accelerator.device
+        losses = torch.stack([torch.as_tensor(loss, dtype=torch.float32, device=device) for loss in agent_losses])
+        losses = self.accelerator.gather(losses[None]).mean(dim=0) * self.current_gradient_accumulation_steps  # (N,)
+        for i, loss in enumerate(losses.tolist()):
+            self._metrics["train"][f"agent_{i}/loss"].append(loss)
 
     def create_optimizer(self, model=None):
         given = self.optimizer is not None  # through `optimizers=` (or built by an earlier call)

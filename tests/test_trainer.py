@@ -228,3 +228,31 @@ def test_cross_mode_evaluates_one_completion_per_prompt(tmp_path, tiny_path, pro
     assert len(table["prompt"]) == 2
     expected = length_ratio(list(table["extra"]["agent_0/completion"]), list(table["extra"]["agent_1/completion"]))
     assert list(table["rewards"]["length_ratio"]) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_each_agents_loss_is_logged_and_they_sum_to_the_loss(tmp_path, tiny_path, prompts_dataset, accumulation):
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_ratio,
+        args=small_args(
+            tmp_path,
+            num_agents=2,
+            max_steps=3,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=accumulation,
+            num_iterations=2,  # the second pass over a batch has a ratio != 1, so a nonzero loss
+            beta=0.1,
+        ),
+        train_dataset=prompts_dataset,
+    )
+    trainer.train()
+    steps = [log for log in trainer.state.log_history if "loss" in log and "train_runtime" not in log]
+    assert len(steps) == 3
+    for log in steps:
+        losses = [log["agent_0/loss"], log["agent_1/loss"]]
+        assert all(math.isfinite(loss) for loss in losses)
+        # Trainer logs the sum over the accumulation window of the (window-normalized) losses, per optimizer step.
+        assert sum(losses) == pytest.approx(log["loss"], abs=1e-6, rel=1e-4)
+    assert any(log["agent_0/loss"] != log["agent_1/loss"] for log in steps)
+    assert any(log["loss"] != 0 for log in steps)
