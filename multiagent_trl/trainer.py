@@ -46,6 +46,7 @@ from .reference_sync import ReferenceSyncCallback, check_reference_sync
 from .rewards import (
     apply_processor,
     bind_reward_funcs,
+    check_model_rewards,
     credit_columns,
     cross_credit,
     cross_tuples,
@@ -345,7 +346,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         if self._replay is not None and self._replay.rewards is not None:
             return self._replay.rewards
-        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        for k, func in enumerate(self.reward_funcs):  # a team of one hands reward models to TRL, which checks none
+            if isinstance(func, nn.Module):
+                check_model_rewards(rewards[:, k].tolist(), self.reward_func_names[k])
+        return rewards
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
         mode = "train" if self.model.training else "eval"
