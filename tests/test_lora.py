@@ -166,3 +166,24 @@ def test_lora_on_separate_heterogeneous_models(tmp_path, tiny_path, tiny_llama_p
             assert torch.equal(p, snapshot[name]) != ("lora_" in name), name  # adapters moved, bases did not
     trainer.save_model(tmp_path / "saved")
     assert (tmp_path / "saved" / "agent_1" / "adapter_config.json").exists()
+
+
+def test_a_dora_team_generates_one_agent_at_a_time_and_trains(tmp_path, tiny_path, prompts_dataset, caplog):
+    with caplog.at_level("WARNING", logger="multiagent_trl"):
+        trainer = MultiAgentGRPOTrainer(
+            model=tiny_path,
+            reward_funcs=length_ratio,
+            args=small_args(tmp_path, num_agents=2),
+            train_dataset=prompts_dataset,
+            peft_config=lora_config(use_dora=True),
+        )
+    # PEFT refuses mixed-adapter batches with DoRA: the team says so once and generates per agent.
+    assert len([m for m in caplog.messages if "DoRA" in m]) == 1
+    assert not trainer.model.batches_generation()
+    before = [adapters(trainer.model, i) for i in range(2)]
+    trainer.train()
+    assert trainer.state.global_step == 2
+    for i in range(2):
+        after = adapters(trainer.model, i)
+        assert any(".lora_magnitude_vector." in n for n in after)  # DoRA's magnitudes are the agent's too
+        assert all(not torch.equal(after[n], before[i][n]) for n in before[i]), f"agent {i} did not train"
