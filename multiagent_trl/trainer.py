@@ -40,7 +40,15 @@ from .checkpointing import save_atomically
 from .config import MultiAgentGRPOConfig
 from .evaluation import EvalRecorder, EvalTrajectories, decoding
 from .generation import configure_decoding
-from .loading import add_adapters, add_reference_adapter, load_agents, load_processing_classes, reference_copies
+from .loading import (
+    add_adapters,
+    add_reference_adapter,
+    agent_adapter_names,
+    check_peft_arguments,
+    load_agents,
+    load_processing_classes,
+    reference_copies,
+)
 from .placement import place_agents
 from .reference_sync import ReferenceSyncCallback, check_reference_sync
 from .rewards import (
@@ -184,11 +192,25 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # 1. The agents: one base with one adapter per agent, or one model per agent (each with its own adapter if
         # asked). PEFT draws adapter weights from the global generator, so seed first, as GRPOTrainer does.
         set_seed(args.seed)
-        shared_base = peft_config is not None and isinstance(model, (str, os.PathLike, nn.Module))
+        check_peft_arguments(model, peft_config)
+        adapter_names = agent_adapter_names(model, args.num_agents)  # a LoRA team's trained adapters, if given
+        shared_base = adapter_names is not None or (
+            peft_config is not None and isinstance(model, (str, os.PathLike, nn.Module))
+        )
         models = load_agents(model, args, kwargs.get("quantization_config"), copies=not shared_base)
+        if adapter_names is not None:
+            args.num_agents = len(adapter_names)
         num_agents = args.num_agents = (args.num_agents or 1) if shared_base else len(models)
         args.check_agent_settings(num_agents)  # before anything reads an agent's value
         betas = [args.agent_setting("beta", i) for i in range(num_agents)]
+        if adapter_names is not None and any(beta != 0.0 for beta in betas):
+            # TRL's reference for a trained adapter is a frozen copy of it; on one base, each agent would need its
+            # own copy, selected in its reference pass. Not built yet: refuse rather than use the bare base.
+            raise NotImplementedError(
+                "`beta != 0` with a LoRA team continued from trained adapters (a PeftModel with adapters `agent_0` "
+                "...) is not supported yet: each agent's KL reference would be its starting adapter. Set `beta=0`, "
+                "or pass one PeftModel per agent (a list; each keeps a frozen copy of its adapter as reference)."
+            )
         trained_adapters = [m for m, beta in zip(models, betas) if isinstance(m, PeftModel) and beta != 0.0]
         models = add_adapters(
             models, _per_agent("peft_config", peft_config, num_agents, single=PeftConfig), shared_base
