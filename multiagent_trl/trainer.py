@@ -82,10 +82,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
       own method runs per agent on the credited rewards (see the module docstring).
     - `_generate`, `_generate_single_turn`, `_calculate_rewards`: replay what was computed jointly (or generated
       for all LoRA agents in one batch), inside the per-agent pass (`rollouts.Replay`).
-    - `_compute_loss`: the sum of the agents' own GRPO losses, with one backward per agent.
+    - `_compute_loss`: the sum of the agents' own GRPO losses, with one backward per agent; each logged as
+      `agent_{i}/loss`.
     - `evaluation_loop`: with `record_eval_trajectories`, hands every evaluated episode to `trajectory_metrics`.
-    - `create_optimizer`, `_clip_grad_norm`: one parameter group per agent (per-agent learning rates) and gradient
-      clipping per agent, so one agent's large gradient does not shrink another's update.
+    - `create_optimizer`, `_clip_grad_norm`: one parameter group per agent (per-agent learning rates; a user's
+      optimizer keeps its groups) and gradient clipping per agent, so one agent's large gradient does not shrink
+      another's update.
     - `log`: per-agent metrics under `agent_{i}/...`; the joint `reward` and `reward_std` at the top level.
     - `_save`, `_load_from_checkpoint`: one folder per agent, `agent_{i}/`, each loadable with `from_pretrained`.
     - `_save_checkpoint`, `_load_optimizer_and_scheduler`: atomic checkpoints; each agent's entropy controller.
