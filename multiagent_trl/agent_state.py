@@ -30,6 +30,7 @@ from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
 from . import sharding
 from .config import AGENT_SETTINGS
+from .team import mixed_batch_refusal
 from .tools import TOOL_STATE
 
 if TYPE_CHECKING:
@@ -269,6 +270,14 @@ def agent_views(
                 "of in one mixed-adapter batch (`generation_mode='batched'`).",
                 ", ".join(trainer.args.per_agent_settings()),
             )
+        elif trainer.args.generation_mode == "batched" and len(views) > 1:
+            refusal = mixed_batch_refusal(models[0])
+            if refusal is not None:
+                logger.warning(
+                    "The LoRA team generates one agent at a time instead of in one mixed-adapter batch "
+                    "(`generation_mode='batched'`): %s.",
+                    refusal,
+                )
     return views
 
 

@@ -29,10 +29,14 @@ def load_agents(model, args: MultiAgentGRPOConfig, quantization_config, copies: 
         entries = [model] * ((args.num_agents or 1) if copies else 1)
     elif isinstance(model, nn.Module):
         if copies and args.num_agents not in (None, 1):
+            fix = (
+                "name its adapters `agent_0` ... `agent_{N-1}` (one per agent, on this one base)"
+                if isinstance(model, PeftModel)
+                else "a `peft_config` to train one adapter per agent on this model"
+            )
             raise ValueError(
                 f"One model object was given with `num_agents={args.num_agents}`. Pass a list of {args.num_agents} "
-                "models, a model id or path (loaded once per agent), or a `peft_config` to train one adapter per "
-                "agent on this model."
+                f"models, a model id or path (loaded once per agent), or {fix}."
             )
         entries = [model]
     else:
@@ -66,6 +70,45 @@ def load_agents(model, args: MultiAgentGRPOConfig, quantization_config, copies: 
             "(or a model id or path, which is loaded once per agent)."
         )
     return models
+
+
+def check_peft_arguments(model, peft_config) -> None:
+    """Refuse a `PeftModel` agent together with a `peft_config` for it, as `GRPOTrainer` does: a second adapter
+    would be added beside the one the model carries, trainable but owned by no agent."""
+    if peft_config is None or isinstance(model, (str, os.PathLike)):
+        return
+    models = [model] if isinstance(model, nn.Module) else list(model)
+    configs = [peft_config] * len(models) if isinstance(peft_config, PeftConfig) else list(peft_config)
+    for i, (agent, config) in enumerate(zip(models, configs)):
+        if isinstance(agent, PeftModel) and config is not None:
+            which = "`model`" if isinstance(model, nn.Module) else f"Agent {i} in `model`"
+            raise ValueError(
+                f"{which} is a PeftModel (adapters {list(agent.peft_config)}) and `peft_config` asks for a new "
+                "adapter on it. To continue training its adapters, drop `peft_config` (on one base, name them "
+                "`agent_0` ... `agent_{N-1}`: one per agent); to train new adapters, `merge_and_unload()` the model "
+                "first and pass the result with `peft_config`."
+            )
+
+
+def agent_adapter_names(model, num_agents: int | None) -> list[str] | None:
+    """The agents' adapter names when `model` is one `PeftModel` whose adapters are named `agent_0` ...
+    `agent_{N-1}` (a LoRA team continued from trained adapters, on one base); `None` for any other `model`.
+
+    The adapters must be exactly those, N being `num_agents` when it is set.
+    """
+    if not isinstance(model, PeftModel) or not any(name.startswith("agent_") for name in model.peft_config):
+        return None
+    present = list(model.peft_config)
+    count = num_agents if num_agents is not None else len(present)
+    expected = [f"agent_{i}" for i in range(count)]
+    if sorted(present) != sorted(expected):
+        raise ValueError(
+            f"The PeftModel holds the adapters {present}; a LoRA team continued from trained adapters needs exactly "
+            f"one per agent, named {expected}. Load each agent's adapter under its name "
+            "(`PeftModel.from_pretrained(base, path_0, adapter_name='agent_0')`, then "
+            "`model.load_adapter(path_i, adapter_name='agent_i')`), and delete any other (`delete_adapter`)."
+        )
+    return expected
 
 
 def load_processing_classes(processing_class, models: Sequence[nn.Module], args: MultiAgentGRPOConfig) -> list:

@@ -19,6 +19,8 @@ from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
 from trl.trainer.utils import get_config_model_id
 
+from .rewards import check_model_rewards
+
 JointText = Callable[[Sequence, Sequence], str]
 
 
@@ -142,7 +144,9 @@ class JointRewardModel:
         return rewards
 
     def __call__(self, prompts: Sequence, completions: Sequence, **kwargs) -> list[float]:
-        return self.score(self.texts(prompts, completions))
+        rewards = self.score(self.texts(prompts, completions))
+        check_model_rewards(rewards, self.__name__)
+        return rewards
 
 
 def as_joint_reward_model(

@@ -450,9 +450,40 @@ class RewardProcessors:
 
 
 def apply_processor(processor: Callable[[float], float], rewards: torch.Tensor) -> torch.Tensor:
-    """Apply a per-value processor to a 1-D reward tensor; NaN ("no reward") stays NaN."""
-    values = [math.nan if math.isnan(r) else float(processor(r)) for r in rewards.tolist()]
+    """Apply a per-value processor to a 1-D reward tensor; NaN ("no reward") stays NaN. A processor that turns a
+    reward into NaN or an infinity raises (TRL would read NaN as "no reward", and an infinity breaks the group's
+    advantages).
+
+    >>> apply_processor(RewardProcessors.scale(2.0), torch.tensor([1.0, float("nan")])).tolist()
+    [2.0, nan]
+    """
+    values = []
+    for j, reward in enumerate(rewards.tolist()):
+        value = math.nan if math.isnan(reward) else float(processor(reward))
+        if not math.isfinite(value) and not math.isnan(reward):
+            name = getattr(processor, "name", None) or get_callable_name(processor)
+            raise ValueError(
+                f"Reward processor '{name}' returned {value} for joint sample {j} (reward {reward}); processed "
+                "rewards must be finite."
+            )
+        values.append(value)
     return torch.tensor(values, dtype=rewards.dtype, device=rewards.device)
+
+
+def check_model_rewards(values: Sequence[float], name: str) -> None:
+    """Raise if reward model `name` scored a joint sample NaN or infinite (TRL would read NaN as "no reward").
+
+    >>> check_model_rewards([0.5, float("inf")], "rm")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: Reward model 'rm' returned inf for joint sample 1; ...
+    """
+    for j, value in enumerate(values):
+        if not math.isfinite(value):
+            raise ValueError(
+                f"Reward model '{name}' returned {value} for joint sample {j}; its scores must be finite (check its "
+                "weights and dtype)."
+            )
 
 
 def cross_tuples(num_generations: int, num_agents: int) -> list[tuple[int, ...]]:

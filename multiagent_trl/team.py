@@ -292,8 +292,9 @@ class LoraAgentTeam(AgentTeam):
 
     def batches_generation(self) -> bool:
         """A LoRA team generates for all its agents in one call (`mixed_batch`, in eval mode: PEFT refuses
-        mixed-adapter batches in training mode, and the per-row LoRA update skips dropout)."""
-        return self.num_agents > 1
+        mixed-adapter batches in training mode, and the per-row LoRA update skips dropout), unless PEFT refuses its
+        adapters a mixed-adapter batch (`mixed_batch_refusal`)."""
+        return self.num_agents > 1 and mixed_batch_refusal(self.peft_model) is None
 
     @torch.no_grad()
     def generate(self, *args, **kwargs):
@@ -351,6 +352,19 @@ class LoraAgentTeam(AgentTeam):
     def load_agent(self, index: int, directory: str) -> None:
         _load_adapter(self.peft_model, directory, self.adapter_names[index])
         self._set_trainable()
+
+
+def mixed_batch_refusal(model: PeftModel) -> str | None:
+    """Why PEFT refuses `model` a mixed-adapter batch (`generate(..., adapter_names=...)`), or `None` if it does not:
+    an adapter with DoRA (PEFT 0.21: "Cannot pass `adapter_names` when DoRA is enabled") or an adapter merged into
+    the base. A LoRA team then generates one agent at a time."""
+    for module in model.modules():
+        if isinstance(module, BaseTunerLayer):
+            if any(getattr(module, "use_dora", {}).values()):
+                return "an adapter uses DoRA (`use_dora=True`), which PEFT's mixed-adapter batches do not support"
+            if module.merged:
+                return "an adapter is merged into the base, which PEFT's mixed-adapter batches do not support"
+    return None
 
 
 def _enable_checkpointing(model: nn.Module, method: str, *args, **kwargs) -> None:

@@ -41,12 +41,21 @@ from .checkpointing import save_atomically
 from .config import MultiAgentGRPOConfig
 from .evaluation import EvalRecorder, EvalTrajectories, decoding
 from .generation import configure_decoding
-from .loading import add_adapters, add_reference_adapter, load_agents, load_processing_classes, reference_copies
+from .loading import (
+    add_adapters,
+    add_reference_adapter,
+    agent_adapter_names,
+    check_peft_arguments,
+    load_agents,
+    load_processing_classes,
+    reference_copies,
+)
 from .placement import place_agents
 from .reference_sync import ReferenceSyncCallback, check_reference_sync
 from .rewards import (
     apply_processor,
     bind_reward_funcs,
+    check_model_rewards,
     credit_columns,
     cross_credit,
     flush_reward_logs,
@@ -87,10 +96,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
       own method runs per agent on the credited rewards (see the module docstring).
     - `_generate`, `_generate_single_turn`, `_calculate_rewards`: replay what was computed jointly (or generated
       for all LoRA agents in one batch), inside the per-agent pass (`rollouts.Replay`).
-    - `_compute_loss`: the sum of the agents' own GRPO losses, with one backward per agent.
+    - `_compute_loss`: the sum of the agents' own GRPO losses, with one backward per agent; each logged as
+      `agent_{i}/loss`.
     - `evaluation_loop`: with `record_eval_trajectories`, hands every evaluated episode to `trajectory_metrics`.
-    - `create_optimizer`, `_clip_grad_norm`: one parameter group per agent (per-agent learning rates) and gradient
-      clipping per agent, so one agent's large gradient does not shrink another's update.
+    - `create_optimizer`, `_clip_grad_norm`: one parameter group per agent (per-agent learning rates; a user's
+      optimizer keeps its groups) and gradient clipping per agent, so one agent's large gradient does not shrink
+      another's update.
     - `log`: per-agent metrics under `agent_{i}/...`; the joint `reward` and `reward_std` at the top level.
     - `_save`, `_load_from_checkpoint`: one folder per agent, `agent_{i}/`, each loadable with `from_pretrained`.
     - `_save_checkpoint`, `_load_optimizer_and_scheduler`: atomic checkpoints; each agent's entropy controller.
@@ -198,11 +209,25 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # 1. The agents: one base with one adapter per agent, or one model per agent (each with its own adapter if
         # asked). PEFT draws adapter weights from the global generator, so seed first, as GRPOTrainer does.
         set_seed(args.seed)
-        shared_base = peft_config is not None and isinstance(model, (str, os.PathLike, nn.Module))
+        check_peft_arguments(model, peft_config)
+        adapter_names = agent_adapter_names(model, args.num_agents)  # a LoRA team's trained adapters, if given
+        shared_base = adapter_names is not None or (
+            peft_config is not None and isinstance(model, (str, os.PathLike, nn.Module))
+        )
         models = load_agents(model, args, kwargs.get("quantization_config"), copies=not shared_base)
+        if adapter_names is not None:
+            args.num_agents = len(adapter_names)
         num_agents = args.num_agents = (args.num_agents or 1) if shared_base else len(models)
         args.check_agent_settings(num_agents)  # before anything reads an agent's value
         betas = [args.agent_setting("beta", i) for i in range(num_agents)]
+        if adapter_names is not None and any(beta != 0.0 for beta in betas):
+            # TRL's reference for a trained adapter is a frozen copy of it; on one base, each agent would need its
+            # own copy, selected in its reference pass. Not built yet: refuse rather than use the bare base.
+            raise NotImplementedError(
+                "`beta != 0` with a LoRA team continued from trained adapters (a PeftModel with adapters `agent_0` "
+                "...) is not supported yet: each agent's KL reference would be its starting adapter. Set `beta=0`, "
+                "or pass one PeftModel per agent (a list; each keeps a frozen copy of its adapter as reference)."
+            )
         trained_adapters = [m for m, beta in zip(models, betas) if isinstance(m, PeftModel) and beta != 0.0]
         models = add_adapters(
             models, _per_agent("peft_config", peft_config, num_agents, single=PeftConfig), shared_base
@@ -212,6 +237,13 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         check_reference_sync(args, models)
         processing_classes = load_processing_classes(processing_class, models, args)
         self._check_team_arguments(args, num_agents, shared_base, processing_classes, kwargs)
+        if optimizers[1] is not None and args.agent_learning_rates is not None:
+            raise ValueError(
+                "`agent_learning_rates` splits the optimizer into one group per agent, which the learning-rate "
+                "scheduler given in `optimizers=` was not built for. Give your optimizer one parameter group per "
+                "agent with its own `lr` instead, or pass only the optimizer (`optimizers=(optimizer, None)`): the "
+                "trainer then builds the schedule (`lr_scheduler_type`) over the agents' groups."
+            )
         team_tools = TeamTools.from_arguments(kwargs, num_agents, args)  # a team's tools go to the agents' views
         if num_agents > 1 and args.ddp_find_unused_parameters is None:
             # Each agent's forward and backward leaves the other agents' parameters unused (DDP must be told).
@@ -358,7 +390,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         if self._replay is not None and self._replay.rewards is not None:
             return self._replay.rewards
-        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        for k, func in enumerate(self.reward_funcs):  # a team of one hands reward models to TRL, which checks none
+            if isinstance(func, nn.Module):
+                check_model_rewards(rewards[:, k].tolist(), self.reward_func_names[k])
+        return rewards
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
         mode = "train" if self.model.training else "eval"
@@ -662,19 +698,39 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         separate_backward = model.training and torch.is_grad_enabled() and not self.is_deepspeed_enabled
         parts = _loss_parts(inputs)  # (agent, its batch: every turn of the rollout)
         total = 0.0
+        agent_losses = [0.0] * self.num_agents
         for k, (i, batch) in enumerate(parts):
             with self._agent_view(i):
                 loss = super()._compute_loss(model, batch)
+                agent_losses[i] = agent_losses[i] + loss.detach()
                 if separate_backward and k < len(parts) - 1:
                     self.accelerator.backward(loss)
                     loss = loss.detach()
             total = total + loss
+        if model.training and self.num_agents > 1:
+            self._log_agent_losses(agent_losses)
         return total
 
+    def _log_agent_losses(self, agent_losses: list[torch.Tensor | float]) -> None:
+        """Record each agent's loss of this micro-batch as `agent_{i}/loss`, on the scale of Trainer's `loss`.
+
+        TRL's loss is already divided over the accumulation window; Trainer logs the window's sum per optimizer step
+        (averaged over processes), while TRL's metrics are averaged over their entries, one per micro-batch here. So
+        each entry is multiplied by the window's length: the agents' logged losses then add up to the logged `loss`.
+        """
+        device = self.accelerator.device
+        losses = torch.stack([torch.as_tensor(loss, dtype=torch.float32, device=device) for loss in agent_losses])
+        losses = self.accelerator.gather(losses[None]).mean(dim=0) * self.current_gradient_accumulation_steps  # (N,)
+        for i, loss in enumerate(losses.tolist()):
+            self._metrics["train"][f"agent_{i}/loss"].append(loss)
+
     def create_optimizer(self, model=None):
+        given = self.optimizer is not None  # through `optimizers=` (or built by an earlier call)
         optimizer = super().create_optimizer(model)
         learning_rates = self.args.agent_learning_rates
-        if self.num_agents == 1 and learning_rates is None:
+        if learning_rates is None and (self.num_agents == 1 or given):
+            # A user's optimizer keeps its own groups and hyperparameters, which a schedule given with it indexes;
+            # per-agent clipping needs no group per agent (`_clip_grad_norm` reads each agent's parameters).
             return optimizer
         # Split each of Trainer's parameter groups (decay / no decay) into one group per agent, with its own
         # learning rate; the scheduler then scales every group's rate by the same factor.

@@ -125,6 +125,8 @@ def test_magrpo_unsupported_fields_are_not_ignored(tmp_path, config_kwargs, mess
     [
         (lambda n: [0.0] * (n - 1), ValueError, r"'bad_reward' returned 7 rewards but 8 joint samples"),
         (lambda n: [math.nan] * n, ValueError, r"'bad_reward' returned nan for joint sample 0"),
+        (lambda n: [0.0, -math.inf] + [0.0] * (n - 2), ValueError, r"'bad_reward' returned -inf for joint sample 1"),
+        (lambda n: [None] * (n - 1) + [math.inf], ValueError, r"'bad_reward' returned inf for joint sample 7"),
         (lambda n: ["great"] * n, TypeError, r"'bad_reward' returned 'great'"),
     ],
 )
@@ -134,4 +136,18 @@ def test_bad_reward_values_fail_at_the_first_step(tmp_path, tiny_path, prompts_d
 
     trainer = build(tmp_path, tiny_path, prompts_dataset, reward_funcs=bad_reward)
     with pytest.raises(error, match=message):
+        trainer.train()
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_reward_processor_that_returns_a_non_finite_reward_fails(tmp_path, tiny_path, prompts_dataset, value):
+    def spiky(reward):
+        return value if reward == 3.0 else reward
+
+    def rewards(completions1, completions2):  # joint sample 3 gets the reward the processor spoils
+        return [float(j) for j in range(len(completions1))]
+
+    trainer = build(tmp_path, tiny_path, prompts_dataset, reward_funcs=rewards, reward_processor=spiky)
+    message = rf"Reward processor 'spiky' returned {value} for joint sample 3 \(reward 3.0\)"
+    with pytest.raises(ValueError, match=message):
         trainer.train()

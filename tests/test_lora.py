@@ -166,3 +166,97 @@ def test_lora_on_separate_heterogeneous_models(tmp_path, tiny_path, tiny_llama_p
             assert torch.equal(p, snapshot[name]) != ("lora_" in name), name  # adapters moved, bases did not
     trainer.save_model(tmp_path / "saved")
     assert (tmp_path / "saved" / "agent_1" / "adapter_config.json").exists()
+
+
+def test_a_dora_team_generates_one_agent_at_a_time_and_trains(tmp_path, tiny_path, prompts_dataset, caplog):
+    with caplog.at_level("WARNING", logger="multiagent_trl"):
+        trainer = MultiAgentGRPOTrainer(
+            model=tiny_path,
+            reward_funcs=length_ratio,
+            args=small_args(tmp_path, num_agents=2),
+            train_dataset=prompts_dataset,
+            peft_config=lora_config(use_dora=True),
+        )
+    # PEFT refuses mixed-adapter batches with DoRA: the team says so once and generates per agent.
+    assert len([m for m in caplog.messages if "DoRA" in m]) == 1
+    assert not trainer.model.batches_generation()
+    before = [adapters(trainer.model, i) for i in range(2)]
+    trainer.train()
+    assert trainer.state.global_step == 2
+    for i in range(2):
+        after = adapters(trainer.model, i)
+        assert any(".lora_magnitude_vector." in n for n in after)  # DoRA's magnitudes are the agent's too
+        assert all(not torch.equal(after[n], before[i][n]) for n in before[i]), f"agent {i} did not train"
+
+
+def test_a_team_continues_from_saved_adapters_on_one_base(tmp_path, tiny_path, prompts_dataset):
+    first = lora_trainer(tmp_path / "first", tiny_path, prompts_dataset)
+    first.train()
+    first.save_model(tmp_path / "saved")
+    saved = [adapters(first.model, i) for i in range(2)]
+
+    # The user's PeftModel: one fresh base, each agent's adapter loaded from its folder under the agent's name.
+    base = AutoModelForCausalLM.from_pretrained(tiny_path)
+    base_params = {n: p for n, p in base.named_parameters()}
+    model = PeftModel.from_pretrained(base, tmp_path / "saved" / "agent_0", adapter_name="agent_0", is_trainable=True)
+    model.load_adapter(tmp_path / "saved" / "agent_1", adapter_name="agent_1", is_trainable=True)
+    trainer = MultiAgentGRPOTrainer(
+        model=model,
+        reward_funcs=length_ratio,
+        args=small_args(tmp_path / "second", num_agents=2),
+        train_dataset=prompts_dataset,
+    )
+    team = trainer.model
+    assert isinstance(team, LoraAgentTeam) and team.peft_model is model
+    for i in range(2):
+        loaded = adapters(team, i)
+        assert loaded.keys() == saved[i].keys() and all(torch.equal(loaded[n], saved[i][n]) for n in loaded)
+    # One base in memory: the team's base parameters are the fresh base's own objects, used by both agents.
+    team_base = {n: p for n, p in team.named_parameters() if "lora_" not in n}
+    assert {id(p) for p in team_base.values()} == {id(p) for p in base_params.values()}
+    base_before = {n: p.detach().clone() for n, p in team_base.items()}
+
+    trainer.train()
+    for i in range(2):
+        after = adapters(team, i)
+        assert all(not torch.equal(after[n], saved[i][n]) for n in saved[i]), f"agent {i} did not train"
+    assert all(torch.equal(p, base_before[n]) for n, p in team_base.items())
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_a_peft_model_and_a_peft_config_together_are_refused(tmp_path, tiny_path, prompts_dataset, as_list):
+    # As GRPOTrainer refuses it: the new adapter would sit beside the model's own, which no agent would own.
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_path), lora_config())
+    which = "Agent 0 in `model`" if as_list else "`model`"
+    with pytest.raises(
+        ValueError, match=rf"{which} is a PeftModel .* `peft_config`.*drop `peft_config`.*merge_and_unload"
+    ):
+        MultiAgentGRPOTrainer(
+            model=[model, tiny_path] if as_list else model,
+            reward_funcs=length_ratio,
+            args=small_args(tmp_path, num_agents=2),
+            train_dataset=prompts_dataset,
+            peft_config=lora_config(),
+        )
+
+
+@pytest.mark.parametrize(
+    "names, overrides, error, message",
+    [
+        (["agent_0", "agent_1"], dict(num_agents=3), ValueError, r"needs exactly one per agent, named \['agent_0', "),
+        (["agent_0", "default"], dict(), ValueError, r"holds the adapters \['agent_0', 'default'\]"),
+        (["agent_0", "agent_1"], dict(beta=0.1), NotImplementedError, "`beta != 0` with a LoRA team continued"),
+    ],
+)
+def test_a_peft_model_of_agent_adapters_is_checked(
+    tmp_path, tiny_path, prompts_dataset, names, overrides, error, message
+):
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_path), lora_config(), adapter_name=names[0])
+    model.add_adapter(names[1], lora_config())
+    with pytest.raises(error, match=message):
+        MultiAgentGRPOTrainer(
+            model=model,
+            reward_funcs=length_ratio,
+            args=small_args(tmp_path, **overrides),
+            train_dataset=prompts_dataset,
+        )

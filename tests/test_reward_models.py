@@ -1,5 +1,6 @@
 """Reward models (sequence classifiers) in `reward_funcs` with several agents: each joint sample scored as one text."""
 
+import math
 import os
 
 import pytest
@@ -119,3 +120,19 @@ def test_reward_processing_classes_must_match_the_reward_functions(
             train_dataset=prompts_dataset,
             reward_processing_classes=[None, None, None],
         )
+
+
+@pytest.mark.parametrize("num_agents", [1, 2])
+def test_a_reward_model_that_scores_nan_fails(tmp_path, tiny_path, prompts_dataset, reward_model_path, num_agents):
+    model = AutoModelForSequenceClassification.from_pretrained(reward_model_path)
+    with torch.no_grad():
+        model.score.weight.fill_(math.nan)
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=[short_second, model] if num_agents == 2 else [model],
+        args=small_args(tmp_path, num_agents=num_agents, max_steps=1),
+        train_dataset=prompts_dataset,
+        reward_processing_classes=tiny_tokenizer(),
+    )
+    with pytest.raises(ValueError, match=r"Reward model 'tiny-rm' returned nan for joint sample 0"):
+        trainer.train()

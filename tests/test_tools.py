@@ -1,6 +1,8 @@
 """Tools and environments for teams: TRL's real parser and tool-calling loop run per agent, on a tiny model that was
 fine-tuned to call the tools (`multiagent_trl.tool_testing`); no generation is mocked."""
 
+import math
+
 import pytest
 import torch
 from datasets import Dataset
@@ -202,3 +204,23 @@ def test_tool_arguments_are_checked_at_construction(tmp_path, tool_caller):
             formatters=FORMATTERS,
             environment_factory={"desk": Desk},
         )
+
+
+class Broken(Desk):
+    """An environment whose reward is NaN."""
+
+    def get_reward(self) -> float:
+        return math.nan
+
+
+def test_a_non_finite_environment_reward_fails_and_names_the_environment(tmp_path, tool_caller):
+    trainer = MultiAgentGRPOTrainer(
+        model=[tool_caller, tool_caller],
+        reward_funcs=Seen(),
+        args=args(tmp_path, max_completion_length=16),
+        train_dataset=rows(),
+        formatters=FORMATTERS,
+        environment_factory=shared_environment(Broken),
+    )
+    with pytest.raises(ValueError, match=r"'Broken' returned nan for joint sample 0"):
+        trainer.train()

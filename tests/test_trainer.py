@@ -1,11 +1,13 @@
 """Training a team: which parameters move, per-agent learning rates and gradients, heterogeneous agents, saving."""
 
+import math
+
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOTrainer
 
-from multiagent_trl import MultiAgentGRPOTrainer
+from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, MultiAgentGRPOTrainer
 
 from .conftest import length_ratio, small_args
 
@@ -143,3 +145,114 @@ def test_completions_table_shows_agents_side_by_side(tmp_path, tiny_path, prompt
     expected = length_ratio(list(table["agent_0/completion"]), list(table["agent_1/completion"]))
     assert list(table["length_ratio"]) == pytest.approx(expected, rel=1e-6)  # each row's own tuple (float32)
     assert table["completion"][0].startswith("[agent_0] ")
+
+
+class LearningRates(TrainerCallback):
+    """Records, after every optimizer step, the learning rate that each agent's parameters were updated with."""
+
+    def __init__(self, agent_parameters):
+        self.agent_parameters = agent_parameters
+        self.rates = []
+
+    def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+        rates = []
+        for params in self.agent_parameters:
+            ids = {id(p) for p in params}
+            rates.append({group["lr"] for group in optimizer.param_groups if ids & {id(p) for p in group["params"]}})
+        self.rates.append(rates)
+
+
+def test_a_users_optimizer_and_schedule_drive_every_agent(tmp_path, tiny_path, prompts_dataset):
+    agents = [AutoModelForCausalLM.from_pretrained(tiny_path) for _ in range(2)]
+    optimizer = torch.optim.AdamW(
+        [p for agent in agents for p in agent.parameters()], lr=2e-3, betas=(0.8, 0.95), weight_decay=0.05
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    rates = LearningRates([list(agent.parameters()) for agent in agents])
+    trainer = MultiAgentGRPOTrainer(
+        model=agents,
+        reward_funcs=length_ratio,
+        args=small_args(tmp_path, max_steps=3),
+        train_dataset=prompts_dataset,
+        optimizers=(optimizer, schedule),
+        callbacks=[rates],
+    )
+    before = [snapshot(agent) for agent in agents]
+    trainer.train()
+    # After step s the schedule sets 2e-3 / (s + 1), for every agent's parameters alike.
+    assert rates.rates == [[{2e-3 / (s + 1)}] * 2 for s in range(1, 4)]
+    assert [log["learning_rate"] for log in trainer.state.log_history[:3]] == [2e-3 / (s + 1) for s in range(3)]
+    for group in optimizer.param_groups:  # the user's hyperparameters, not Trainer's defaults
+        assert group["betas"] == (0.8, 0.95) and group["weight_decay"] == 0.05 and group["initial_lr"] == 2e-3
+    for i, agent in enumerate(agents):
+        assert changed(before[i], agent) == set(before[i])
+
+
+def test_a_users_schedule_and_agent_learning_rates_are_refused(tmp_path, tiny_path, prompts_dataset):
+    agents = [AutoModelForCausalLM.from_pretrained(tiny_path) for _ in range(2)]
+    optimizer = torch.optim.AdamW([p for agent in agents for p in agent.parameters()], lr=2e-3)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    with pytest.raises(ValueError, match="`agent_learning_rates` .* `optimizers=`"):
+        MultiAgentGRPOTrainer(
+            model=agents,
+            reward_funcs=length_ratio,
+            args=small_args(tmp_path, agent_learning_rates=[1e-3, 2e-3]),
+            train_dataset=prompts_dataset,
+            optimizers=(optimizer, schedule),
+        )
+
+
+@pytest.mark.parametrize("trainer_class", [MultiAgentGRPOTrainer, MAGRPOTrainer])
+def test_cross_mode_evaluates_one_completion_per_prompt(tmp_path, tiny_path, prompts_dataset, trainer_class):
+    if trainer_class is MAGRPOTrainer:  # CoMLRL's defaults: num_generations_eval=1
+        args = MAGRPOConfig(
+            output_dir=str(tmp_path / "out"),
+            num_turns=1,
+            joint_mode="cross",
+            max_new_tokens=8,
+            report_to="none",
+            eval_batch_size=2,
+        )
+        assert args.num_generations_eval == 1
+        kwargs = dict(agent_model=tiny_path, num_agents=2, reward_func=length_ratio)
+    else:
+        args = small_args(tmp_path, num_agents=2, joint_mode="cross", num_generations_eval=1)
+        kwargs = dict(model=tiny_path, reward_funcs=length_ratio)
+    trainer = trainer_class(
+        args=args, train_dataset=prompts_dataset, eval_dataset=prompts_dataset.select(range(2)), **kwargs
+    )
+    metrics = trainer.evaluate()
+    assert math.isfinite(metrics["eval_reward"])
+    # One row per prompt in the completions table, each the joint sample that was scored.
+    table = trainer._logs
+    assert len(table["prompt"]) == 2
+    expected = length_ratio(list(table["extra"]["agent_0/completion"]), list(table["extra"]["agent_1/completion"]))
+    assert list(table["rewards"]["length_ratio"]) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_each_agents_loss_is_logged_and_they_sum_to_the_loss(tmp_path, tiny_path, prompts_dataset, accumulation):
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_ratio,
+        args=small_args(
+            tmp_path,
+            num_agents=2,
+            max_steps=3,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=accumulation,
+            num_iterations=2,  # the second pass over a batch has a ratio != 1, so a nonzero loss
+            beta=0.1,
+        ),
+        train_dataset=prompts_dataset,
+    )
+    trainer.train()
+    steps = [log for log in trainer.state.log_history if "loss" in log and "train_runtime" not in log]
+    assert len(steps) == 3
+    for log in steps:
+        losses = [log["agent_0/loss"], log["agent_1/loss"]]
+        assert all(math.isfinite(loss) for loss in losses)
+        # Trainer logs the sum over the accumulation window of the (window-normalized) losses, per optimizer step.
+        assert sum(losses) == pytest.approx(log["loss"], abs=1e-6, rel=1e-4)
+    assert any(log["agent_0/loss"] != log["agent_1/loss"] for log in steps)
+    assert any(log["loss"] != 0 for log in steps)
