@@ -218,11 +218,6 @@ class TeamTools:
                 if name != "tools" and value is not None and not callable(value):
                     raise TypeError(f"`{name}` for agent {i} must be a callable; got {type(value).__name__}.")
         team = cls([list(t or []) for t in tools], factories, rollout_funcs, shared=shared)
-        if team.uses_tools and args.num_turns > 1:
-            raise NotImplementedError(
-                "Tools and environments are supported with `num_turns=1`: let the agents' tool calls play the turns "
-                "(`max_tool_calling_iterations`), or drop the tools for a multi-turn run."
-            )
         if any(f is not None for f in factories) and args.joint_mode != "aligned":
             raise ValueError(
                 "Environments hold one trajectory per joint sample: set `joint_mode='aligned'` (cross tuples mix the "
@@ -314,15 +309,7 @@ class TeamTools:
             else:
                 environments = _draw(view, agent_inputs[i])
             view["environments"] = environments
-            if view["tools"]:
-                view["_sync_tool_dicts"], view["_async_tool_dicts"] = [], []
-                for k in range(len(inputs)):
-                    methods = [] if environments is None else [agent_tool(m, i) for m in tool_methods(environments[k])]
-                    sync, asynchronous = {}, {}
-                    for tool in view["_standalone_tools"] + methods:
-                        (asynchronous if inspect.iscoroutinefunction(tool) else sync)[tool.__name__] = tool
-                    view["_sync_tool_dicts"].append(sync)
-                    view["_async_tool_dicts"].append(asynchronous)
+            _bind_tools(view, i, environments, len(inputs))
             if environments is None:
                 continue
             for k, row in enumerate(agent_inputs[i]):
@@ -336,19 +323,73 @@ class TeamTools:
                     observation = environments[k].reset(**reset_row)
                 if observation is not None:
                     agent_inputs[i][k] = {**row, "prompt": _with_observation(row["prompt"], observation)}
-        # What reward functions get as `environments=` (and an environment's `get_reward` reads).
-        if shared_envs is not None:
-            trainer.environments = shared_envs
-        elif trainer.num_agents == 1:
-            trainer.environments = views[0]["environments"]
-        elif any(view["environments"] is not None for view in views):
-            trainer.environments = list(zip(*[view["environments"] or [None] * len(inputs) for view in views]))
+        _publish_environments(trainer, shared_envs, len(inputs))
         return agent_inputs
+
+    def begin_turn(self, trainer: MultiAgentGRPOTrainer, sources: list[list[int]], branch: bool) -> None:
+        """Before a later turn of a multi-turn rollout: agent i's row k continues the environment of the previous
+        turn's row `sources[i][k]`. Where a node branches into several rows (`branch`: a tree, whose siblings act on
+        their own), each row gets its own deep copy of that environment, so no two rows share one state; a linear
+        trajectory carries its environment on. Each row's tool dicts are bound to its environment."""
+        views = trainer._agent_views
+        if not any(view["tools"] or view["environment_factories"] for view in views):
+            return
+
+        def follow(environments: list | None, rows: list[int]) -> list | None:
+            if environments is None:
+                return None
+            if not branch:
+                return [environments[k] for k in rows]
+            try:
+                return [copy.deepcopy(environments[k]) for k in rows]
+            except Exception as err:
+                name = type(environments[rows[0]]).__name__
+                raise TypeError(
+                    f"A tree rollout gives each of a node's {trainer.args.num_generations} samples its own copy of "
+                    f"the environment it continues, but `copy.deepcopy` failed on {name}: make it deep-copyable, or "
+                    "use `rollout='linear'` (each trajectory keeps its environment)."
+                ) from err
+
+        shared_envs = follow(views[0]["environments"], sources[0]) if self.shared is not None else None
+        for i, view in enumerate(views):
+            environments = shared_envs if shared_envs is not None else follow(view["environments"], sources[i])
+            view["environments"] = environments
+            if environments is not None:
+                view["_batch_environments"] = [None] * len(sources[i])
+            _bind_tools(view, i, environments, len(sources[i]))
+        _publish_environments(trainer, shared_envs, len(sources[0]))
 
     def _draw_shared(self, inputs: list[dict]) -> list:
         while len(self.shared_pool) < len(inputs):
             self.shared_pool.append(self.shared())
         return self.shared_pool[: len(inputs)]
+
+
+def _bind_tools(view: dict, agent: int, environments: list | None, rows: int) -> None:
+    """Agent `agent`'s tool dicts, one per rollout row, as TRL builds them: its standalone tools and its row's
+    environment methods (bound to the agent's index)."""
+    if not view["tools"]:
+        return
+    view["_sync_tool_dicts"], view["_async_tool_dicts"] = [], []
+    for k in range(rows):
+        methods = [] if environments is None else [agent_tool(m, agent) for m in tool_methods(environments[k])]
+        sync, asynchronous = {}, {}
+        for tool in view["_standalone_tools"] + methods:
+            (asynchronous if inspect.iscoroutinefunction(tool) else sync)[tool.__name__] = tool
+        view["_sync_tool_dicts"].append(sync)
+        view["_async_tool_dicts"].append(asynchronous)
+
+
+def _publish_environments(trainer: MultiAgentGRPOTrainer, shared_envs: list | None, rows: int) -> None:
+    """What reward functions get as `environments=` (and an environment's `get_reward` reads): the shared
+    environments, the agent's own (a team of one), or per joint sample the tuple of the agents' environments."""
+    views = trainer._agent_views
+    if shared_envs is not None:
+        trainer.environments = shared_envs
+    elif trainer.num_agents == 1:
+        trainer.environments = views[0]["environments"]
+    elif any(view["environments"] is not None for view in views):
+        trainer.environments = list(zip(*[view["environments"] or [None] * rows for view in views]))
 
 
 def _draw(view: dict, rows: list[dict]) -> list:

@@ -449,6 +449,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     [{**row, "prompt": prompt} for row, prompt in zip(level.rows(), level.prompts(i))]
                     for i in range(num_agents)
                 ]
+                # Each row's environments and tools continue those of the sample it follows (copied in a tree).
+                parents = [sample_members(levels[-1], *(node.parent or (0, 0)), num_agents) for node in level.nodes]
+                sources = [[members[i] for members in parents for _ in range(level.width)] for i in range(num_agents)]
+                self._team_tools.begin_turn(self, sources, branch=level.width > 1)
             level.rollouts = self._rollouts(level.agent_rows, mode)
             # 2. Score the turn's joint samples in one call.
             self._joint_rewards(level, mode, turn if args.num_turns > 1 else None)

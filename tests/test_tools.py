@@ -224,3 +224,36 @@ def test_a_non_finite_environment_reward_fails_and_names_the_environment(tmp_pat
     )
     with pytest.raises(ValueError, match=r"'Broken' returned nan for joint sample 0"):
         trainer.train()
+
+
+def test_a_tree_rollout_gives_each_child_a_copy_of_the_environment_it_continues(tmp_path, tool_caller):
+    """Tools and environments over two turns (MAGRPO's tree): each turn-2 row starts from a deep copy of the shared
+    environment of the turn-1 joint sample it continues (its actions so far), and siblings do not share one."""
+    snapshots = []
+
+    def desk_log(prompts, completions, environments, **kwargs):
+        snapshots.append([(id(e), list(e.actions)) for e in environments])
+        return [1.0] * len(completions)
+
+    def ask_again(row, histories, turn):
+        return [formatter(row) for formatter in FORMATTERS]
+
+    g = 2
+    trainer = MultiAgentGRPOTrainer(
+        model=[tool_caller, tool_caller],
+        reward_funcs=desk_log,
+        args=args(tmp_path, num_generations=g, per_device_train_batch_size=2 * g, num_turns=2),
+        train_dataset=rows(),
+        formatters=FORMATTERS,
+        environment_factory=shared_environment(Desk),
+        external_transition=ask_again,
+    )
+    output = trainer._generate_and_score_completions([{"index": k} for k in range(2) for _ in range(g)])
+    first, second = snapshots
+    assert len(first) == 2 * g and len(second) == 2 * g * g  # every turn-1 joint sample spawned a node of g rows
+    assert len({identity for identity, _ in first + second}) == len(first) + len(second)  # no two rows share one
+    assert any(actions for _, actions in first), "premise: the agents acted at turn 1"
+    for c, (_, parent_actions) in enumerate(first):  # child node c continues turn-1 sample c
+        for _, actions in second[c * g : (c + 1) * g]:
+            assert actions[: len(parent_actions)] == parent_actions
+    assert len(output["agent_0/advantages"]) == 2 * g + 2 * g * g
