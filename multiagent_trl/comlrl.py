@@ -233,6 +233,7 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
             ("comlrl_eval_batch_size", 1),
             ("num_turns", 1),
             ("logging_steps", 1),
+            ("max_new_tokens", 1),
         ):
             value = getattr(self, name)
             if value is not None and value < minimum:
@@ -531,7 +532,17 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
                 batch_items=trajectories.rows,
                 prompts=[row.get("prompt", "") for row in trajectories.rows],
             )
+            if not isinstance(per_row, (list, tuple)) or not all(isinstance(m, dict) for m in per_row):
+                raise TypeError(
+                    f"`eval_logger` returned {type(per_row).__name__}; it must return a list with one dict of metrics "
+                    f"per evaluated row ({len(trajectories)} rows)."
+                )
             aggregated = self.eval_aggregator(per_row, num_turns=self.args.num_turns)
+            if not isinstance(aggregated, dict):
+                raise TypeError(
+                    f"`eval_aggregator` returned {type(aggregated).__name__}; it must return a dict of metric names "
+                    "to numbers."
+                )
             for key, value in aggregated.items():
                 if isinstance(value, torch.Tensor):
                     value = value.item()

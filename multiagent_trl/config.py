@@ -314,6 +314,15 @@ class MultiAgentGRPOConfig(GRPOConfig):
             self.check_agent_settings(self.num_agents)
         if self.num_turns < 1:
             raise ValueError(f"`num_turns` must be at least 1, got {self.num_turns}.")
+        lengths = (
+            self.max_completion_length
+            if isinstance(self.max_completion_length, list)
+            else [self.max_completion_length]
+        )
+        if any(length is not None and length < 1 for length in lengths):
+            raise ValueError(
+                f"`max_completion_length` must be at least 1 token (per agent), got {self.max_completion_length}."
+            )
         if not 0.0 <= self.discount <= 1.0:
             raise ValueError(f"`discount` must be in [0, 1], got {self.discount}.")
         if self.rollout not in ROLLOUT_SHAPES:

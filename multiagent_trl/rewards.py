@@ -110,6 +110,8 @@ def check_rewards(values: Any, expected: int, name: str, num_agents: int = 1) ->
         values = values.detach().cpu()
         values = values.tolist() if values.dim() > 0 else [values.item()]
     try:
+        if isinstance(values, (str, bytes, dict)):  # iterable, but not rewards
+            raise TypeError
         values = list(values)
     except TypeError:
         raise TypeError(
@@ -229,7 +231,10 @@ def bind_reward_funcs(
         elif callable(func):
             bound.append(bind_reward(func, num_agents, per_sample))
         else:
-            raise TypeError(f"Reward functions must be callables, model ids or models; got {type(func).__name__}.")
+            raise TypeError(
+                f"`reward_funcs` must be callables, model ids or models (one, or a list); got a "
+                f"{type(func).__name__} ({func!r})."
+            )
     if joint_text is not None and not any(isinstance(f, (str, nn.Module)) for f in funcs):
         raise ValueError("`joint_text=` formats joint samples for reward models, but `reward_funcs` has none.")
     return bound, (classes if num_agents == 1 else None)

@@ -80,7 +80,7 @@ from .rollout_tree import (
 from .rollouts import Replay, Rollout
 from .team import AgentTeam, LoraAgentTeam
 from .tools import REPLAY_STATE, TeamTools
-from .turns import completion_text, episode_rows, next_prompts, transition_style, turn_prefix
+from .turns import completion_text, episode_rows, is_prompt, next_prompts, transition_style, turn_prefix
 
 
 class MultiAgentGRPOTrainer(GRPOTrainer):
@@ -251,6 +251,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
         # 2. How the agents see the task, and how their answers are scored.
         self.formatters = _per_agent("formatters", formatters, num_agents)
+        if any(not callable(f) for f in self.formatters or []):
+            bad = next(f for f in self.formatters if not callable(f))
+            raise TypeError(f"`formatters` must be callables, `formatter(row) -> prompt`; got {bad!r}.")
+        if reward_processor is not None and not callable(reward_processor):
+            raise TypeError(f"`reward_processor` must be a callable, `float -> float`; got {reward_processor!r}.")
         if args.num_turns > 1 and external_transition is None:
             raise ValueError(
                 f"`num_turns={args.num_turns}` needs `external_transition=`, a function `(row, histories, turn)` that "
@@ -375,7 +380,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     "`formatters=` to build each agent's prompt from a row."
                 )
             return inputs
-        return [{**row, "prompt": formatter(row)} for row in inputs]
+        rows = [{**row, "prompt": formatter(row)} for row in inputs]
+        for k, row in enumerate(rows):
+            if not is_prompt(row["prompt"]):
+                name = getattr(formatter, "__name__", type(formatter).__name__)
+                raise ValueError(
+                    f"`formatters` (agent {index}'s, {name}) returned {row['prompt']!r} for row {k}; a formatter must "
+                    "return the agent's prompt: a string, or a conversation (a list of message dicts)."
+                )
+        return rows
 
     def _generate(self, prompts: list):
         if self._replay is not None and self._replay.rollout is not None:

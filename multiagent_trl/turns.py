@@ -84,7 +84,7 @@ def next_prompts(
             f"{num_agents} prompts, one per agent (each a string or a conversation: a list of message dicts)."
         )
     for i, prompt in enumerate(prompts):
-        if not (isinstance(prompt, str) or _is_conversation(prompt)):
+        if not is_prompt(prompt):
             raise ValueError(
                 f"`external_transition` ({name}) returned {shown} after turn {turn}: agent {i}'s prompt is a "
                 f"{type(prompt).__name__}; each prompt must be a string or a conversation (a list of message dicts "
@@ -98,8 +98,15 @@ def next_prompts(
     return list(prompts)
 
 
-def _is_conversation(prompt) -> bool:
-    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+def is_prompt(prompt: Any) -> bool:
+    """Whether `prompt` is a prompt: a string, or a conversation (a list of message dicts with a role).
+
+    >>> is_prompt("Hi"), is_prompt([{"role": "user", "content": "Hi"}]), is_prompt(None), is_prompt(["Hi"])
+    (True, True, False, False)
+    """
+    return isinstance(prompt, str) or (
+        isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+    )
 
 
 def _takes_external_prompts(formatter: Callable) -> bool:

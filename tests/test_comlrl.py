@@ -2,6 +2,7 @@
 per-agent devices, evaluation pass, trainer arguments and checkpoints (issue 10)."""
 
 import dataclasses
+import math
 import os
 import re
 
@@ -588,3 +589,32 @@ def test_discount_is_accepted_and_unused_as_in_comlrl(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="multiagent_trl.comlrl"):
         comlrl_args(tmp_path, num_turns=2)
     assert not caplog.records
+
+
+@pytest.mark.parametrize(
+    "logger, aggregator, message",
+    [
+        (
+            lambda **kw: {"turn_1/x": 1.0},
+            lambda m, num_turns: {},
+            r"`eval_logger` returned dict; it must return a list",
+        ),
+        (lambda **kw: [{}] * 2, lambda m, num_turns: [1.0], r"`eval_aggregator` returned list; it must return a dict"),
+        (lambda **kw: [{}] * 2, lambda m, num_turns: {"x": math.nan}, r"`eval_aggregator` returned x=nan"),
+    ],
+)
+def test_evaluation_callables_are_checked_where_they_return(
+    tmp_path, tiny_path, prompts_dataset, logger, aggregator, message
+):
+    args = comlrl_args(tmp_path, eval_interval=1, eval_num_samples=2)
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=reference,
+        args=args,
+        train_dataset=prompts_dataset,
+        eval_dataset=prompts_dataset,
+        eval_logger=logger,
+        eval_aggregator=aggregator,
+    )
+    with pytest.raises(TypeError, match=message):
+        trainer.evaluate()

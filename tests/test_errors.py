@@ -151,3 +151,90 @@ def test_a_reward_processor_that_returns_a_non_finite_reward_fails(tmp_path, tin
     message = rf"Reward processor 'spiky' returned {value} for joint sample 3 \(reward 3.0\)"
     with pytest.raises(ValueError, match=message):
         trainer.train()
+
+
+# ------------------------------------------------------------------------ one table of bad inputs, both trainers
+
+
+def _returns(value):
+    def bad(completions1, completions2):
+        return value(len(completions1))
+
+    return bad
+
+
+def _formatter_returning(value):
+    return lambda row: value
+
+
+# (case id, trainer arguments, config fields, error, the message: it names the argument and says the fix). CoMLRL
+# calls a reward once per joint sample and takes its first value (`COMLRL_MESSAGES`: what its layer says instead).
+BAD_INPUTS = [
+    ("reward not callable", dict(reward_funcs=42), {}, TypeError, r"`reward_funcs` must be callables"),
+    ("reward count", dict(reward_funcs=_returns(lambda n: [0.0])), {}, ValueError, r"'bad' returned 1 rewards but 8"),
+    ("reward empty", dict(reward_funcs=_returns(lambda n: [])), {}, ValueError, r"'bad' returned 0 rewards but 8"),
+    ("reward nan", dict(reward_funcs=_returns(lambda n: [math.nan] * n)), {}, ValueError, r"'bad' returned nan"),
+    ("reward type", dict(reward_funcs=_returns(lambda n: "0.5")), {}, TypeError, r"'bad' returned str; it must"),
+    ("formatter not callable", dict(formatters=["a", "b"]), {}, TypeError, r"`formatters` must be callables"),
+    (
+        "formatter output",
+        dict(formatters=_formatter_returning(None)),
+        {},
+        ValueError,
+        r"`formatters` \(agent 0's, <lambda>\) returned None for row 0",
+    ),
+    ("formatter count", dict(formatters=[str] * 3), {}, ValueError, r"3 formatters were given for 2 agents"),
+    ("processor", dict(reward_processor=5), {}, TypeError, r"`reward_processor` must be a callable"),
+    ("transition", dict(external_transition=5), dict(num_turns=2), TypeError, r"`external_transition` must be"),
+    ("no transition", {}, dict(num_turns=2), ValueError, r"`num_turns=2` needs `external_transition=`"),
+    ("no prompts", dict(train_dataset="no prompt"), {}, ValueError, r"`train_dataset` has no 'prompt' column"),
+    ("eval prompts", dict(eval_dataset="no prompt"), {}, ValueError, r"`eval_dataset` has no 'prompt' column"),
+    ("tokenizers", dict(processing_class="3 tokenizers"), {}, ValueError, r"3 tokenizers \(`processing_class`\)"),
+    ("one generation", {}, dict(num_generations=1), ValueError, r"`num_generations` must be at least 2"),
+    ("per-agent list", {}, dict(temperature=[0.5, 0.6, 0.7]), ValueError, r"`temperature` has 3 values"),
+    ("learning rates", {}, dict(agent_learning_rates=[1e-3]), ValueError, r"`agent_learning_rates` has 1 value"),
+    ("completion length", {}, dict(max_completion_length=0), ValueError, r"`max_completion_length` must be"),
+    ("turns", {}, dict(num_turns=0), ValueError, r"`num_turns` must be at least 1"),
+    ("rollout shape", {}, dict(rollout="graph"), ValueError, r"`rollout` must be one of"),
+]
+COMLRL_MESSAGES = {
+    "reward count": None,  # one value per call, the first used: a longer list is CoMLRL's convention, not an error
+    "reward empty": r"'bad' returned no value for joint sample 0",
+    "reward type": r"'bad' returned '0.5' \(str\) for joint sample 0",
+    "completion length": r"`max_new_tokens` must be at least 1",  # CoMLRL's name (it maps onto the GRPO field)
+}
+COMLRL_FIELDS = {"completion length": dict(max_new_tokens=0)}
+
+
+@pytest.mark.parametrize("trainer_class", [MultiAgentGRPOTrainer, MAGRPOTrainer])
+@pytest.mark.parametrize("case, arguments, fields, error, message", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_names_the_argument(
+    tmp_path, tiny_path, prompts_dataset, trainer_class, case, arguments, fields, error, message
+):
+    config_class = MAGRPOConfig if trainer_class is MAGRPOTrainer else MultiAgentGRPOConfig
+    if trainer_class is MAGRPOTrainer and case in COMLRL_MESSAGES:
+        message = COMLRL_MESSAGES[case]
+        fields = COMLRL_FIELDS.get(case, fields)
+    arguments = dict(arguments)
+    no_prompts = Dataset.from_dict({"question": ["What is 2+2?"] * 8})
+    for name in ("train_dataset", "eval_dataset"):
+        if arguments.get(name) == "no prompt":
+            arguments[name] = no_prompts
+    if arguments.get("processing_class") == "3 tokenizers":
+        arguments["processing_class"] = [AutoTokenizer.from_pretrained(tiny_path)] * 3
+    settings = dict(
+        output_dir=str(tmp_path / "out"), num_agents=2, num_turns=1, num_generations=4, max_completion_length=8,
+        per_device_train_batch_size=8, max_steps=1, report_to="none", save_strategy="no",
+    )  # fmt: skip
+
+    def run():
+        args = config_class(**{**settings, **fields})
+        kwargs = dict(model=tiny_path, reward_funcs=good_reward, args=args, train_dataset=prompts_dataset)
+        trainer = trainer_class(**{**kwargs, **arguments})
+        trainer.train()  # errors that only a step can find are raised at the first step
+
+    if message is None:
+        run()
+        return
+    with pytest.raises(error, match=message):
+        run()
