@@ -124,7 +124,7 @@ def test_continuous_batching_plays_multi_turn_episodes_with_early_termination(
     tmp_path, varied_paths, prompts_dataset, count_batch_calls
 ):
     tiny_path = varied_paths[0]
-    # The rows of target 3 score above the threshold: their trajectories end after turn 0 (turn-1 rows masked out).
+    # The rows of target 3 score above the threshold: their node ends after turn 1 (no turn-2 node below it).
     settings = dict(num_turns=2, early_termination_threshold=1.0, reward=by_target)
     plain = completions(team(tmp_path, "lora", (tiny_path,), prompts_dataset, **settings), prompts_dataset)
     paged = completions(
@@ -132,11 +132,11 @@ def test_continuous_batching_plays_multi_turn_episodes_with_early_termination(
         prompts_dataset,
     )
     assert len(count_batch_calls) == 4  # 2 turns x 2 agents
-    assert sorted(plain) == sorted(paged) and len(plain) == 4  # agent_{i}/turn_{t}/completion_ids
+    assert sorted(plain) == sorted(paged) and len(plain) == 2  # agent_{i}/completion_ids, every turn's rows
     for key in plain:
         assert torch.equal(plain[key], paged[key]), key
-    ended = (plain["agent_0/turn_1/completion_ids"] == -1).all(dim=1)
-    assert ended.tolist() == [True] * G + [False] * G
+    # Turn 1: 2 nodes of G rows; turn 2: only the continuing node's G samples spawned nodes, G rows each.
+    assert len(plain["agent_0/completion_ids"]) == 2 * G + G * G
 
 
 def test_continuous_batching_trains(tmp_path, varied_paths, prompts_dataset):
