@@ -23,6 +23,8 @@ A single-turn step is a rollout of one level. Nothing here needs a model: tests 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +79,10 @@ class Level:
     def scored(self) -> torch.Tensor:
         """`(nodes,)` bool: which nodes are real (not placeholders)."""
         return torch.tensor([not node.placeholder for node in self.nodes], dtype=torch.bool)
+
+    def agent_inputs(self, num_agents: int) -> list[list[dict]]:
+        """Each agent's generation rows: the dataset row with the agent's prompt at this turn."""
+        return [[{**row, "prompt": p} for row, p in zip(self.rows(), self.prompts(i))] for i in range(num_agents)]
 
 
 def root_level(rows: list[dict], agent_prompts: list[list], width: int, samples: int) -> Level:
@@ -146,6 +152,27 @@ def child(level: Level, node: int, sample: int, completions: list, prompts: list
         parent=(node, sample),
         trajectory=parent.trajectory + (sample if shape == LINEAR and parent.turn == 0 else 0),
     )
+
+
+def next_level(level: Level, shape: str, threshold: float | None, transition: Callable) -> Level:
+    """The nodes of the next turn: one per joint sample of `level` that goes on (`continuing`), its prompts
+    `transition(node, sample)` for the sample's completions (one per agent)."""
+    num_agents = len(level.rollouts)
+    nodes = []
+    for n, j in continuing(level, shape, threshold).nonzero().tolist():
+        members = sample_members(level, n, j, num_agents)
+        sample = [level.rollouts[i].completions[k] for i, k in enumerate(members)]
+        nodes.append(child(level, n, j, sample, transition(level.nodes[n], sample), shape))
+    width = level.width if shape == TREE else 1
+    return Level(nodes, width, width**num_agents if level.samples != level.width else width)
+
+
+def continued_rows(previous: Level, level: Level) -> list[list[int]]:
+    """`(agents, rows)`: the row of `previous` that each agent's row of `level` continues (its node's parent sample;
+    a placeholder continues the first), e.g. to carry an environment over."""
+    num_agents = len(previous.rollouts)
+    parents = [sample_members(previous, *(node.parent or (0, 0)), num_agents) for node in level.nodes]
+    return [[members[i] for members in parents for _ in range(level.width)] for i in range(num_agents)]
 
 
 def link(levels: list[Level], num_turns: int) -> None:
@@ -291,3 +318,30 @@ def training_rows(
             if shape == LINEAR:
                 last[level.nodes[n].trajectory + (j if t == 0 else 0)] = (t, n, j)
     return rows, [torch.tensor(c) for c in credit]
+
+
+def batch_layout(
+    levels: list[Level], shape: str, num_turns: int, discount: float, multiple: int, reduction: str
+) -> tuple[list[int], list[bool], list[torch.Tensor]]:
+    """Each agent's training batch over the whole rollout, in advantage groups of the root's width: the generation
+    rows it takes (`index`, counted over the levels one after the other), which of them are trained, and per agent
+    the value each row is credited with (`training_rows`; in cross mode `agent_credit`). Untrained groups are added
+    until the batch is a multiple of `multiple` rows (TRL splits it into that many equal steps). Call `returns` and
+    store them in `level.returns` first."""
+    values = [level.returns for level in levels]
+    rows, credit = training_rows(levels, values, shape, num_turns, discount)
+    width, num_agents = levels[0].width, len(levels[0].rollouts)
+    while len(rows) % multiple:
+        rows += [(0, k, False) for k in range(width)]
+        credit = [torch.cat([c, torch.full((width,), math.nan)]) for c in credit]
+    offsets = torch.tensor([0] + [len(level.nodes) * level.width for level in levels]).cumsum(0).tolist()
+    index = [offsets[t] + k for t, k, _ in rows]
+    keep = [trained for *_, trained in rows]
+    if levels[0].samples == width:
+        return index, keep, [credit[min(i, len(credit) - 1)] for i in range(num_agents)]
+    cross = []  # each completion credited with its tuples' returns
+    for i in range(num_agents):
+        value = torch.cat([agent_credit(level, level.returns, i, num_agents, reduction) for level in levels])[index]
+        value[~torch.tensor(keep)] = math.nan
+        cross.append(value)
+    return index, keep, cross

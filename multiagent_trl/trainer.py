@@ -64,23 +64,21 @@ from .rewards import (
     with_rows,
 )
 from .rollout_tree import (
-    TREE,
     Level,
-    agent_credit,
-    child,
-    continuing,
+    batch_layout,
+    continued_rows,
     link,
+    next_level,
     padded,
     paths,
     returns,
     root_level,
     sample_members,
-    training_rows,
 )
 from .rollouts import Replay, Rollout
 from .team import AgentTeam, LoraAgentTeam
 from .tools import REPLAY_STATE, TeamTools
-from .turns import completion_text, episode_rows, is_prompt, next_prompts, transition_style, turn_prefix
+from .turns import Transition, completion_rows, is_prompt, turn_prefix
 
 
 class MultiAgentGRPOTrainer(GRPOTrainer):
@@ -262,7 +260,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 "returns each agent's next prompt; or set `num_turns=1`."
             )
         self.external_transition = external_transition
-        self._transition_style = transition_style(external_transition) if external_transition is not None else None
+        self._transition = None
+        if external_transition is not None:
+            self._transition = Transition(external_transition, self.formatters, args.external_prompt_passthrough)
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             _check_prompt_column(name, dataset, self.formatters)
         reward_funcs, kwargs["reward_processing_classes"] = bind_reward_funcs(
@@ -439,7 +439,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
         # 3. TRL's own scoring per agent: advantages, old/ref log-probs, metrics.
         outputs = self._score_agents(agent_rows, rollouts, credited, names, weights)
-        self._log_joint_samples(levels, outputs, mode)
+        self._log_joint_samples(levels, outputs)
         return {f"agent_{i}/{key}": value for i, output in enumerate(outputs) for key, value in output.items()}
 
     def _play(self, inputs: list[dict], agent_inputs: list[list[dict]], width: int, mode: str) -> list[Level]:
@@ -458,21 +458,16 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             )
             # 1. Every agent generates for every node of the turn; none sees another's completions.
             if turn > 0:
-                level.agent_rows = [
-                    [{**row, "prompt": prompt} for row, prompt in zip(level.rows(), level.prompts(i))]
-                    for i in range(num_agents)
-                ]
+                level.agent_rows = level.agent_inputs(num_agents)
                 # Each row's environments and tools continue those of the sample it follows (copied in a tree).
-                parents = [sample_members(levels[-1], *(node.parent or (0, 0)), num_agents) for node in level.nodes]
-                sources = [[members[i] for members in parents for _ in range(level.width)] for i in range(num_agents)]
-                self._team_tools.begin_turn(self, sources, branch=level.width > 1)
+                self._team_tools.begin_turn(self, continued_rows(levels[-1], level), branch=level.width > 1)
             level.rollouts = self._rollouts(level.agent_rows, mode)
             # 2. Score the turn's joint samples in one call.
             self._joint_rewards(level, mode, turn if args.num_turns > 1 else None)
             levels.append(level)
             if turn == args.num_turns - 1:
                 break
-            level = self._next_level(level)
+            level = next_level(level, args.rollout, args.early_termination_threshold, self._transition)
             if self._most_across_processes(len(level.nodes)) == 0:  # every node on every process has ended
                 break
         link(levels, args.num_turns)
@@ -480,72 +475,38 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             self._eval_recorder.record(levels, paths(levels))
         return levels
 
-    def _next_level(self, level: Level) -> Level:
-        """The nodes of the next turn: one per joint sample that goes on, its prompts from the transition."""
-        shape, num_agents = self.args.rollout, self.num_agents
-        nodes = []
-        for n, j in continuing(level, shape, self.args.early_termination_threshold).nonzero().tolist():
-            members = sample_members(level, n, j, num_agents)
-            sample = [level.rollouts[i].completions[k] for i, k in enumerate(members)]
-            node = level.nodes[n]
-            prompts = next_prompts(
-                self.external_transition,
-                self._transition_style,
-                node.row,
-                [h + [c] for h, c in zip(node.response_history, sample, strict=True)],
-                [h + [p] for h, p in zip(node.prompt_history, node.prompts, strict=True)],
-                node.turn,
-                self.formatters,
-                self.args.external_prompt_passthrough,
-            )
-            nodes.append(child(level, n, j, sample, prompts, shape))
-        width = level.width if shape == TREE else 1
-        cross = level.samples != level.width
-        return Level(nodes, width, width**num_agents if cross else width)
-
     def _most_across_processes(self, count: int) -> int:
         if self.accelerator.num_processes == 1:
             return count
         return int(self.accelerator.gather(torch.tensor([count], device=self.accelerator.device)).max())
 
     def _episode_batch(self, levels: list[Level], mode: str):
-        """Each agent's training rows over the whole rollout (`rollout_tree.training_rows`), with its rollouts and
-        the gathered `(rows, 1)` return it is credited with; logs the per-turn returns and the rollout's size."""
-        args, num_agents, metrics = self.args, self.num_agents, self._metrics[mode]
-        values = returns(levels, args.discount, args.rollout, args.num_turns)
-        for turn, (level, value) in enumerate(zip(levels, values)):
+        """Each agent's training rows over the whole rollout (`rollout_tree.batch_layout`), with its rollouts and
+        the gathered `(rows, 1)` return it is credited with; logs the returns per turn and the rollout's size."""
+        args, metrics, device = self.args, self._metrics[mode], self.accelerator.device
+        for turn, (level, value) in enumerate(
+            zip(levels, returns(levels, args.discount, args.rollout, args.num_turns))
+        ):
             level.returns = value
             node_returns = torch.nanmean(value.mean(dim=2), dim=1)[level.scored()]  # (real nodes,)
-            stats = torch.tensor([node_returns.nansum(), len(node_returns)], device=self.accelerator.device)
+            stats = torch.tensor([node_returns.nansum(), len(node_returns)], device=device)
             total, count = self.accelerator.gather(stats).view(-1, 2).sum(dim=0).tolist()
             metrics[f"{turn_prefix(turn)}expected_return"].append(total / max(count, 1))
             metrics[f"{turn_prefix(turn)}nodes"].append(count)
-        root = gather(values[0].mean(dim=2).flatten().to(self.accelerator.device))
+        root = gather(levels[0].returns.mean(dim=2).flatten().to(device))
         metrics["reward"].append(torch.nanmean(root).item())  # the episode's return
         metrics["reward_std"].append(nanstd(root).item())
 
-        rows, credit = training_rows(levels, values, args.rollout, args.num_turns, args.discount)
-        width = levels[0].width
-        if mode == "train":  # TRL splits the batch into steps_per_generation equal parts: pad with untrained groups
-            while len(rows) % args.steps_per_generation:
-                rows += [(0, k, False) for k in range(width)]
-                credit = [torch.cat([c, torch.full((width,), math.nan)]) for c in credit]
-        offsets = torch.tensor([0] + [len(level.nodes) * level.width for level in levels]).cumsum(0).tolist()
-        index = [offsets[t] + k for t, k, _ in rows]
-        keep = [trained for *_, trained in rows]
-        agent_rows, rollouts, credited = [], [], []
-        for i in range(num_agents):
+        multiple = args.steps_per_generation if mode == "train" else 1  # TRL splits a training batch into steps
+        index, keep, credit = batch_layout(
+            levels, args.rollout, args.num_turns, args.discount, multiple, args.cross_credit
+        )
+        agent_rows, rollouts = [], []
+        for i in range(self.num_agents):
             joined = [row for level in levels for row in level.agent_rows[i]]
             agent_rows.append([joined[k] for k in index])
             rollouts.append(Rollout.concat([level.rollouts[i] for level in levels], index).masked(keep))
-            if levels[0].samples != width:  # cross: credit each completion with its tuples' returns
-                value = [agent_credit(lvl, v, i, num_agents, args.cross_credit) for lvl, v in zip(levels, values)]
-                credit_i = torch.cat(value)[index]
-                credit_i[~torch.tensor(keep)] = math.nan
-            else:
-                credit_i = credit[min(i, len(credit) - 1)]
-            credited.append(gather(credit_i.to(self.accelerator.device).unsqueeze(1)))
-        return agent_rows, rollouts, credited
+        return agent_rows, rollouts, [gather(c.to(device).unsqueeze(1)) for c in credit]
 
     def _rollouts(self, agent_inputs: list[list[dict]], mode: str) -> list[Rollout]:
         """Every agent generates from its rows' prompts (one `generate` call for all agents in batched mode)."""
@@ -647,46 +608,19 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             metrics[f"{prefix}rewards/{name}/std"].append(nanstd(rewards_per_func[:, k]).item())
         return joint
 
-    def _log_joint_samples(self, levels: list[Level], outputs: list[dict], mode: str) -> None:
-        """Fill the completions table: one row per root sample (`rollout_tree.paths`: an aligned joint sample, or in
-        cross mode the tuple `(k, ..., k)` of each group), the agents' completions side by side; with several turns,
-        every turn of the sample's path in order."""
-        logs, level, num_agents = self._logs, levels[0], self.num_agents
-        if len(levels) > 1 or self.args.num_turns > 1:
-            table = gather_object(episode_rows(levels, self.reward_func_names, self.accelerator.process_index))
-            logs["prompt"].extend(row.pop("prompt") for row in table)
-            logs["completion"].extend(row.pop("completion") for row in table)
-            logs["rewards"]["return"].extend(row.pop("return") for row in table)
-            for column in table[0] if table else []:
-                logs["extra"][column].extend(row[column] for row in table)
-            logs["advantages"].extend(gather(outputs[0]["advantages"][: len(level.rows())]).tolist())
-            return
-        samples = [t[0][2] for t in paths(levels)]  # this process's joint sample of each root row
-        local = len(level.nodes) * level.samples
-        diagonal = [
-            p * local + n * level.samples + j
-            for p in range(self.accelerator.num_processes)
-            for n in range(len(level.nodes))
-            for j in samples[n * level.width : (n + 1) * level.width]
-        ]
-        completions = [gather_object(rollout.completions) for rollout in level.rollouts]
-        advantages = [gather(output["advantages"]).tolist() for output in outputs]
-        logs["prompt"].extend(gather_object([row["prompt"] for row in level.agent_rows[0]]))
-        if num_agents == 1:
-            logs["completion"].extend(completions[0])
-        else:
-            logs["completion"].extend(
-                "\n".join(f"[agent_{i}] {completion_text(c)}" for i, c in enumerate(joint))
-                for joint in zip(*completions)
-            )
-            for i in range(num_agents):
-                logs["extra"][f"agent_{i}/completion"].extend(completion_text(c) for c in completions[i])
-                logs["extra"][f"agent_{i}/advantage"].extend(advantages[i])
-        for k, name in enumerate(self.reward_func_names):
-            logs["rewards"][name].extend(level.rewards_per_func[diagonal, k].tolist())
-        for column, values in level.extras.items():
-            logs["extra"][column].extend(values[j] for j in diagonal)
-        logs["advantages"].extend(advantages[0])
+    def _log_joint_samples(self, levels: list[Level], outputs: list[dict]) -> None:
+        """Fill the completions table: one row per root sample (`turns.completion_rows`), gathered."""
+        advantages = [output["advantages"].tolist() for output in outputs]
+        for row in gather_object(
+            completion_rows(levels, advantages, self.reward_func_names, self.accelerator.process_index)
+        ):
+            self._logs["prompt"].append(row["prompt"])
+            self._logs["completion"].append(row["completion"])
+            self._logs["advantages"].append(row["advantage"])
+            for name, value in row["rewards"].items():
+                self._logs["rewards"][name].append(value)
+            for column, value in row["extra"].items():
+                self._logs["extra"][column].append(value)
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, **kwargs):
         self._eval_recorder = EvalRecorder(self.num_agents) if self.record_eval_trajectories else None

@@ -19,9 +19,10 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from .rollout_tree import Level, paths, sample_members
+from .rollout_tree import Level, Node, paths, sample_members
 
 COMLRL_TRANSITION_PARAMETERS = ("agent_completions", "prompt_history_per_agent", "response_history_per_agent")
 
@@ -50,6 +51,31 @@ def transition_style(func: Callable) -> str:
             f"response_history_per_agent`); it takes ({', '.join(parameters)})."
         )
     return "native"
+
+
+@dataclass
+class Transition:
+    """The trainer's `external_transition`, called for one joint sample of a node: `transition(node, sample)` returns
+    the agents' prompts for the child node (checked, and through the formatters for CoMLRL's convention)."""
+
+    func: Callable
+    formatters: Sequence[Callable] | None = None
+    passthrough: bool = False  # CoMLRL's `external_prompt_passthrough`
+
+    def __post_init__(self):
+        self.style = transition_style(self.func)
+
+    def __call__(self, node: Node, sample: list) -> list:
+        return next_prompts(
+            self.func,
+            self.style,
+            node.row,
+            [h + [c] for h, c in zip(node.response_history, sample, strict=True)],
+            [h + [p] for h, p in zip(node.prompt_history, node.prompts, strict=True)],
+            node.turn,
+            self.formatters,
+            self.passthrough,
+        )
 
 
 def next_prompts(
@@ -126,33 +152,48 @@ def turn_prefix(turn: int) -> str:
     return f"turn_{turn + 1}/"
 
 
-def episode_rows(levels: list[Level], reward_names: list[str], process_index: int) -> list[dict[str, Any]]:
-    """This process's part of a multi-turn batch's completions table: one row per root sample, following its path
-    (`rollout_tree.paths`): its first prompt (agent 0's), every turn's completions (`[turn k]`, then `[agent_i] ...`),
-    its return, and per turn each reward function's value and each `log_extra` column (`turn_k/<name>`, NaN or
-    `None` where the path had ended)."""
+def completion_rows(
+    levels: list[Level], advantages: list[list[float]], reward_names: list[str], process_index: int
+) -> list[dict[str, Any]]:
+    """This process's rows of the completions table, one per root sample following its path (`rollout_tree.paths`;
+    in cross mode the tuple `(k, ..., k)`): `prompt` (agent 0's), `completion` (the agents' side by side, every turn
+    with several turns), `advantage` (agent 0's), `rewards` and `extra` columns. One turn: each reward function's
+    value, each agent's completion and advantage, and the `log_extra` columns. Several turns: the path's `return`,
+    and per turn (`turn_k/...`) each function's value and `log_extra` column (NaN or `None` where it had ended).
+    `advantages[i]` are agent i's, the root's rows first."""
+    num_agents, multi_turn = len(levels[0].rollouts), len(levels) > 1
     table = []
-    for path in paths(levels):
+    for k, path in enumerate(paths(levels)):
         _, n0, j0 = path[0]
-        lines: list[str] = []
-        row: dict[str, Any] = {"prompt": levels[0].nodes[n0].prompts[0]}
-        row["return"] = float(levels[0].returns[n0, j0].mean())
+        row: dict[str, Any] = {"prompt": levels[0].agent_rows[0][k]["prompt"], "advantage": advantages[0][k]}
+        row["rewards"], row["extra"], lines = {}, {}, []
         played = {t: (n, j) for t, n, j in path}
         for t, level in enumerate(levels):
             n, j = played.get(t, (None, None))
-            tuples = len(level.nodes) * level.samples
-            index = None if n is None else process_index * tuples + n * level.samples + j
-            if n is not None:
-                lines.append(f"[turn {t + 1}]")
-                members = sample_members(level, n, j, len(level.rollouts))
-                lines.extend(
-                    f"[agent_{i}] {completion_text(level.rollouts[i].completions[k])}" for i, k in enumerate(members)
-                )
-            for k, name in enumerate(reward_names):
-                row[f"{turn_prefix(t)}{name}"] = math.nan if index is None else float(level.rewards_per_func[index, k])
+            index = None if n is None else process_index * len(level.nodes) * level.samples + n * level.samples + j
+            prefix = turn_prefix(t) if multi_turn else ""
+            columns = row["extra"] if multi_turn else row["rewards"]
+            for f, name in enumerate(reward_names):
+                columns[prefix + name] = math.nan if index is None else float(level.rewards_per_func[index, f])
             for column, values in level.extras.items():
-                row[f"{turn_prefix(t)}{column}"] = None if index is None else values[index]
-        row["completion"] = "\n".join(lines)
+                row["extra"][prefix + column] = None if index is None else values[index]
+            if n is None:
+                continue
+            completions = [
+                level.rollouts[i].completions[m] for i, m in enumerate(sample_members(level, n, j, num_agents))
+            ]
+            if multi_turn:
+                lines.append(f"[turn {t + 1}]")
+            lines.extend(f"[agent_{i}] {completion_text(c)}" for i, c in enumerate(completions))
+            if not multi_turn and num_agents == 1:
+                row["completion"] = completions[0]  # as TRL logs it (a conversation stays one)
+        if multi_turn:
+            row["rewards"]["return"] = float(levels[0].returns[n0, j0].mean())
+        elif num_agents > 1:
+            for i in range(num_agents):
+                row["extra"][f"agent_{i}/completion"] = completion_text(levels[0].rollouts[i].completions[k])
+                row["extra"][f"agent_{i}/advantage"] = advantages[i][k]
+        row.setdefault("completion", "\n".join(lines))
         table.append(row)
     return table
 
