@@ -437,6 +437,9 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
         # evaluation, `trajectory_metrics` computes CoMLRL's per-trajectory values under that name).
         if self.model.training:
             metrics = self._metrics["train"]
+            if self.args.num_turns == 1 and metrics.get("reward"):  # CoMLRL logs turn 1 of a one-turn episode too
+                for key in ("turn_1/reward", "turn_1/expected_return"):  # one turn: its reward is the return
+                    metrics[key] = list(metrics["reward"])
             for key in [k for k in metrics if k.startswith("turn_") and k.endswith("/reward")]:
                 metrics[f"{key}_mean"] = list(metrics[key])
         super().log(logs, start_time)

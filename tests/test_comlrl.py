@@ -5,11 +5,12 @@ import dataclasses
 import math
 import os
 import re
+import shutil
 
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from multiagent_trl import (
     MAGRPOConfig,
@@ -20,6 +21,7 @@ from multiagent_trl import (
     MAReMaxTrainer,
     MARLOOConfig,
     MARLOOTrainer,
+    RewardProcessors,
 )
 from multiagent_trl.placement import check_devices
 from multiagent_trl.rewards import bind_reward
@@ -123,6 +125,7 @@ def test_comlrl_batch_sizes_keep_trainers_properties():
         (dict(parallel_training="mp", agent_devices=["cpu", "cuda:7"]), "'cuda:7' does not exist on this machine"),
         (dict(parallel_training="mp", agent_devices=["cpu", "gpu0"]), "'gpu0' is not a device name"),
         (dict(agent_devices=["cuda:5"]), "with `parallel_training='none'`"),
+        (dict(reference_kl_enabled=True, reference_devices=["cuda:5"]), "`reference_devices=['cuda:5']` with `paral"),
         (dict(reference_kl_coef=-0.1), "`reference_kl_coef` must be >= 0"),
         (dict(rollout_buffer_size=3, train_batch_size=2), "must be a multiple of `train_batch_size=2`"),
     ],
@@ -130,6 +133,38 @@ def test_comlrl_batch_sizes_keep_trainers_properties():
 def test_comlrl_checks(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         MAGRPOConfig(**kwargs)
+
+
+ON_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="the process's device is the CPU here")
+
+# The README's "MAGRPOConfig fields" table, row by row: (row, CoMLRL fields given, what the core's fields hold).
+COMLRL_MAPPINGS = [
+    ("agent_learning_rate", dict(agent_learning_rate=1e-4), dict(learning_rate=1e-4)),
+    ("logging_steps", dict(logging_steps=7), dict(logging_steps=7)),
+    ("num_agents", dict(num_agents=3), dict(num_agents=3)),
+    ("max_new_tokens", dict(max_new_tokens=64), dict(max_completion_length=64)),
+    ("top_k None", dict(top_k=None), dict(top_k=0)),
+    ("eval_interval", dict(eval_interval=3), dict(eval_strategy="steps", eval_steps=3, eval_on_start=True)),
+    ("eval_interval 0", dict(eval_interval=0), dict(eval_strategy="no", eval_on_start=False)),
+    ("advantage_normalization", dict(advantage_normalization=True), dict(scale_rewards="group")),
+    ("no advantage_normalization", dict(advantage_normalization=False), dict(scale_rewards="none")),
+    ("reference_kl_enabled", dict(reference_kl_enabled=True, reference_kl_coef=0.3), dict(beta=0.3)),
+    ("reference_kl disabled", dict(reference_kl_coef=0.3), dict(beta=0.0)),
+    ("reference_kl disabled, GRPO's beta", dict(beta=0.2), dict(beta=0.2)),
+    ("mp, one device", dict(parallel_training="mp", agent_devices="cpu"), dict(agent_devices=["cpu", "cpu"])),
+    ("mp, a list of 1", dict(parallel_training="mp", agent_devices=["cpu"]), dict(agent_devices=["cpu", "cpu"])),
+    pytest.param(
+        "mp, auto", dict(parallel_training="mp", agent_devices="auto"), dict(agent_devices=["cpu"] * 2), marks=ON_CPU
+    ),
+    pytest.param("none, the process's device", dict(agent_devices="cpu"), dict(agent_devices=None), marks=ON_CPU),
+    ("defaults", {}, dict(output_dir="magrpo_output", save_strategy="no")),
+]
+
+
+@pytest.mark.parametrize("row, fields, expected", COMLRL_MAPPINGS)
+def test_comlrl_fields_map_onto_the_core(row, fields, expected):
+    config = MAGRPOConfig(**fields)
+    assert {name: getattr(config, name) for name in expected} == expected
 
 
 def test_mp_is_refused_under_a_multi_process_launch():
@@ -305,18 +340,25 @@ def test_reward_range_is_checked():
         bind_reward(reward, 2)
 
 
-def test_per_agent_rewards_give_each_agent_its_own_advantages(tmp_path, tiny_path, prompts_dataset):
+@pytest.mark.parametrize("returned, scale", [("rows", None), ("tensor", 2.0)])
+def test_per_agent_rewards_give_each_agent_its_own_advantages(tmp_path, tiny_path, prompts_dataset, returned, scale):
+    """Rows of N numbers or an (S, N) tensor; a `reward_processor` applies to each agent's reward."""
+
     def reward(completions1, completions2):  # agent 0 rewarded for length, agent 1 for brevity
-        return [(float(len(a) % 7), -float(len(b) % 5)) for a, b in zip(completions1, completions2)]
+        rows = [(float(len(a) % 7), -float(len(b) % 5)) for a, b in zip(completions1, completions2)]
+        return torch.tensor(rows) if returned == "tensor" else rows
 
     args = comlrl_args(tmp_path, advantage_normalization=False)
-    trainer = MAGRPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=prompts_dataset)
+    processor = RewardProcessors.scale(scale) if scale else None
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path, reward_func=reward, args=args, train_dataset=prompts_dataset, reward_processor=processor
+    )
     trainer.model.train()
     output = trainer._generate_and_score_completions(generation_batch(prompts_dataset))
     texts = [
         trainer.processing_class.batch_decode(completion_ids_of(output, a), skip_special_tokens=True) for a in range(2)
     ]
-    rewards = reward(*texts)
+    rewards = [[float(x) * (scale or 1.0) for x in r] for r in reward(*texts)]
     for agent in range(2):
         own = [r[agent] for r in rewards]
         expected = torch.cat([by_hand(own[k : k + G], "mean", False) for k in range(0, len(own), G)])
@@ -442,7 +484,7 @@ def test_agent_model_num_agents_model_config_and_verbose(tmp_path, tiny_path, pr
         args=comlrl_args(tmp_path),
         train_dataset=prompts_dataset,
     )
-    assert trainer.num_agents == 3 and len(trainer.model.agents) == 3
+    assert trainer.num_agents == trainer.args.num_agents == 3 and len(trainer.model.agents) == 3
     tokenizer = trainer.processing_class
     assert "<plan>" in tokenizer.get_vocab()
     for agent in trainer.model.agents:
@@ -517,6 +559,14 @@ def test_wandb_config_records_sections(tmp_path, tiny_path, prompts_dataset, mon
         )
 
 
+class StepCounter(TrainerCallback):
+    def __init__(self):
+        self.count = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.count += 1
+
+
 def test_checkpoints_every_interval_epochs_and_resume(tmp_path, tiny_path):
     dataset = Dataset.from_dict({"prompt": PROMPTS[:2]})  # one step per epoch (2 prompts per step)
 
@@ -540,6 +590,13 @@ def test_checkpoints_every_interval_epochs_and_resume(tmp_path, tiny_path):
         checkpoint_total_limit=1,
     )
     assert resumed.state.global_step == 3 and [p.name for p in again.glob("checkpoint-*")] == ["checkpoint-3"]
+
+    # `resume_from_checkpoint=True`: the latest checkpoint in `checkpoint_dir` (checkpoint-2, once 3 is gone).
+    shutil.rmtree(checkpoints / "checkpoint-3")
+    latest, steps = make(), StepCounter()
+    latest.add_callback(steps)
+    latest.train(resume_from_checkpoint=True, checkpoint_dir=str(checkpoints))
+    assert (latest.state.global_step, steps.count) == (3, 1)
     with pytest.raises(ValueError, match="`checkpoint_interval` must be a positive integer"):
         make().train(checkpoint_interval=0)
     with pytest.raises(ValueError, match="`checkpoint_total_limit` must be a positive integer"):
@@ -618,3 +675,122 @@ def test_evaluation_callables_are_checked_where_they_return(
     )
     with pytest.raises(TypeError, match=message):
         trainer.evaluate()
+
+
+@pytest.mark.parametrize(
+    "model_config, dtype, attention",
+    [
+        ({"dtype": "bfloat16"}, torch.bfloat16, None),
+        ({"model_kwargs": {"torch_dtype": "bfloat16"}}, torch.bfloat16, None),
+        ({"attn_implementation": "eager"}, torch.float32, "eager"),
+        ({"name": "a label"}, torch.float32, None),  # informational
+    ],
+)
+def test_model_config_loads_the_agents_given_by_name(
+    tmp_path, tiny_path, prompts_dataset, model_config, dtype, attention
+):
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        model_config=model_config,
+        reward_func=reference,
+        args=comlrl_args(tmp_path),
+        train_dataset=prompts_dataset,
+    )
+    for agent in trainer.model.agents:
+        assert agent.dtype == dtype
+        assert attention is None or agent.config._attn_implementation == attention
+
+
+def test_wandb_config_sets_wandbs_environment(tmp_path, tiny_path, prompts_dataset, monkeypatch):
+    for name in ("WANDB_RUN_ID", "WANDB_RESUME"):
+        monkeypatch.setenv(name, "before")  # restored after the test: the trainer sets them for wandb to read
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=reference,
+        args=comlrl_args(tmp_path),
+        train_dataset=prompts_dataset,
+        wandb_config={"id": "run-7", "resume": True, "run_name": "seven"},
+    )
+    assert (os.environ["WANDB_RUN_ID"], os.environ["WANDB_RESUME"]) == ("run-7", "allow")
+    assert trainer.args.run_name == "seven" and trainer.args.report_to == ["wandb"]
+
+
+def ask_again(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
+    return [f"{prompt} again"] * num_agents
+
+
+@pytest.mark.parametrize(
+    "trainer_class, config_class",
+    [
+        (MAGRPOTrainer, MAGRPOConfig),
+        (MAREINFORCETrainer, MAREINFORCEConfig),
+        (MAReMaxTrainer, MAReMaxConfig),
+        (MARLOOTrainer, MARLOOConfig),
+    ],
+)
+def test_no_args_means_the_trainers_default_config(
+    tmp_path, tiny_path, prompts_dataset, monkeypatch, trainer_class, config_class
+):
+    monkeypatch.chdir(tmp_path)  # the default config's output_dir is relative
+    trainer = trainer_class(
+        agent_model=tiny_path,
+        reward_func=reference,
+        train_dataset=prompts_dataset,
+        external_transition=ask_again,  # the default config plays 2 turns
+    )
+    assert type(trainer.args) is config_class
+    assert trainer.args.advantage_baseline == config_class().advantage_baseline
+
+
+def test_evaluate_takes_a_number_of_rows_and_needs_an_eval_dataset(tmp_path, tiny_path, prompts_dataset):
+    seen = []
+
+    def eval_logger(agent_completions_turns, batch_items, prompts):
+        seen.append(len(batch_items))
+        return [{} for _ in batch_items]
+
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=reference,
+        args=comlrl_args(tmp_path, eval_interval=1, eval_num_samples=3),
+        train_dataset=prompts_dataset,
+        eval_dataset=prompts_dataset,
+        eval_logger=eval_logger,
+        eval_aggregator=lambda metrics, num_turns: {},
+    )
+    assert "eval_turn_1/reward_mean" in trainer.evaluate(num_eval_samples=2)
+    assert "eval_turn_1/reward_mean" in trainer.evaluate()
+    assert seen == [2, 3]  # that many rows, else `eval_num_samples`
+    # Without an eval_dataset there is nothing to evaluate: no evaluation during training, and `evaluate()` is {}.
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=reference,
+        args=comlrl_args(tmp_path, eval_interval=1),
+        train_dataset=prompts_dataset,
+    )
+    assert trainer.args.eval_strategy == "no" and trainer.evaluate() == {}
+
+
+def test_early_termination_applies_during_evaluation(tmp_path, tiny_path, prompts_dataset):
+    """Every node's mean reward exceeds the threshold, so each evaluated trajectory ends after turn 1 (CoMLRL's
+    evaluation would play turn 2): turn 2 has no reward and adds nothing to the return."""
+    turns = []
+
+    def eval_logger(agent_completions_turns, batch_items, prompts):
+        turns.extend(len(trajectory) for agent in agent_completions_turns for trajectory in agent)
+        return [{} for _ in batch_items]
+
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=lambda c1, c2: [1.0] * len(c1),
+        args=comlrl_args(tmp_path, num_turns=2, early_termination_threshold=0.5, eval_num_samples=2),
+        train_dataset=prompts_dataset,
+        eval_dataset=prompts_dataset,
+        external_transition=ask_again,
+        eval_logger=eval_logger,
+        eval_aggregator=lambda metrics, num_turns: {},
+    )
+    metrics = trainer.evaluate()
+    assert turns == [1] * 4  # 2 agents x 2 rows, one turn each
+    assert metrics["eval_turn_1/reward_mean"] == metrics["eval_turn_1/expected_return"] == 1.0
+    assert metrics["eval_turn_2/reward_mean"] == metrics["eval_turn_2/expected_return"] == 0.0

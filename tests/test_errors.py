@@ -50,6 +50,7 @@ def test_construction_errors(tmp_path, tiny_path, prompts_dataset, overrides, er
     [
         (dict(reward_func=good_reward), "either `reward_funcs` or its CoMLRL name `reward_func`"),
         (dict(agents=["x"]), "either `model` or its CoMLRL name `agents`"),
+        (dict(tokenizer="t", processing_class="t"), "either `processing_class` or its CoMLRL name `tokenizer`"),
         (dict(model=None, reward_funcs=None, agents=["x"]), "Pass a joint reward function: `reward_func=`"),
     ],
 )

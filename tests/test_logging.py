@@ -2,7 +2,7 @@
 
 import wandb
 
-from multiagent_trl import MultiAgentGRPOTrainer
+from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, MultiAgentGRPOTrainer
 
 from .conftest import length_ratio, small_args
 
@@ -33,3 +33,21 @@ def test_wandb_offline_run_has_per_agent_metrics(tmp_path, monkeypatch, tiny_pat
         wandb.finish()
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")), "no offline run file was written"
     assert run_dir.startswith(str(tmp_path))
+
+
+def test_magrpo_training_logs_comlrls_turn_names_and_each_agents_metrics(tmp_path, tiny_path, prompts_dataset):
+    """README, "Metric names": training logs the joint `reward`, per turn `turn_k/reward` and CoMLRL's
+    `turn_k/reward_mean` and `turn_k/expected_return` (one turn too, as CoMLRL logs them), and per agent the loss,
+    grad norm, lengths and KL."""
+    args = MAGRPOConfig(
+        output_dir=str(tmp_path / "out"), num_turns=1, max_new_tokens=8, rollout_buffer_size=2, max_steps=1,
+        agent_learning_rate=1e-3, logging_steps=1, report_to="none", reference_kl_enabled=True, reference_kl_coef=0.05,
+    )  # fmt: skip
+    trainer = MAGRPOTrainer(agent_model=tiny_path, reward_func=length_ratio, args=args, train_dataset=prompts_dataset)
+    trainer.train()
+    logs = trainer.state.log_history[0]
+    for key in ("turn_1/reward", "turn_1/reward_mean", "turn_1/expected_return"):
+        assert logs[key] == logs["reward"], key  # one turn: the turn's reward is the episode's return
+    for i in range(2):
+        for key in ("loss", "grad_norm", "completions/mean_length", "kl"):
+            assert f"agent_{i}/{key}" in logs, f"agent_{i}/{key}"

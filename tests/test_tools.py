@@ -2,6 +2,7 @@
 fine-tuned to call the tools (`multiagent_trl.tool_testing`); no generation is mocked."""
 
 import math
+import threading
 
 import pytest
 import torch
@@ -257,3 +258,25 @@ def test_a_tree_rollout_gives_each_child_a_copy_of_the_environment_it_continues(
         for _, actions in second[c * g : (c + 1) * g]:
             assert actions[: len(parent_actions)] == parent_actions
     assert len(output["agent_0/advantages"]) == 2 * g + 2 * g * g
+
+
+class LockedDesk(Desk):
+    """A shared environment holding a lock, which `copy.deepcopy` cannot copy."""
+
+    def reset(self, **row):
+        super().reset(**row)
+        self.lock = threading.Lock()
+
+
+def test_a_tree_rollout_refuses_an_environment_it_cannot_copy(tmp_path, tool_caller):
+    trainer = MultiAgentGRPOTrainer(
+        model=[tool_caller, tool_caller],
+        reward_funcs=Seen(),
+        args=args(tmp_path, num_generations=2, per_device_train_batch_size=4, num_turns=2),
+        train_dataset=rows(),
+        formatters=FORMATTERS,
+        environment_factory=shared_environment(LockedDesk),
+        external_transition=lambda row, histories, turn: [formatter(row) for formatter in FORMATTERS],
+    )
+    with pytest.raises(TypeError, match=r"`copy.deepcopy` failed on LockedDesk.*use `rollout='linear'`"):
+        trainer._generate_and_score_completions([{"index": k} for k in range(2) for _ in range(2)])
