@@ -11,7 +11,7 @@ prompt (a node's G samples).
 
 Run it:
 
-    python examples/two-turn-checker.py --model tiny            # offline, a tiny model built in code: ~2.5 minutes
+    python examples/two-turn-checker.py --model tiny            # offline, a tiny model built in code: ~6 minutes
     python examples/two-turn-checker.py                         # Qwen/Qwen2.5-0.5B from the Hub
     python examples/two-turn-checker.py --model tiny --num_turns 3 --discount 0.9
     accelerate launch --multi_gpu --num_processes 2 examples/two-turn-checker.py
