@@ -93,7 +93,7 @@ def root_level(rows: list[dict], agent_prompts: list[list], width: int, samples:
         for k in range(0, len(rows), width)
     ]
     for node in nodes:
-        node.prompt_history = node.response_history = [[] for _ in agent_prompts]
+        node.prompt_history, node.response_history = [[] for _ in agent_prompts], [[] for _ in agent_prompts]
     return Level(nodes, width, samples)
 
 
@@ -104,7 +104,8 @@ def padded(level: Level, num_nodes: int, template: Node | None = None) -> Level:
     if len(level.nodes) >= num_nodes:
         return level
     template = level.nodes[0] if level.nodes else template
-    extra = [dataclasses.replace(template, placeholder=True) for _ in range(num_nodes - len(level.nodes))]
+    # A placeholder continues no sample: it has no parent in the previous level (its rows continue the first one's).
+    extra = [dataclasses.replace(template, placeholder=True, parent=None) for _ in range(num_nodes - len(level.nodes))]
     return dataclasses.replace(level, nodes=level.nodes + extra)
 
 
@@ -298,10 +299,11 @@ def training_rows(
     rows: list[tuple[int, int, bool]] = []
     credit: list[list[float]] = [[] for _ in range(columns)]
     last: dict[int, tuple[int, int, int]] = {}  # linear trajectory -> (turn, node, sample) of its last turn played
+    groups = linear_groups(levels, levels[0].width) if shape == LINEAR else None
     for t, level in enumerate(levels):
         slots = [(n, j) for n in range(len(level.nodes)) for j in range(level.width)]
-        if shape == LINEAR and t > 0:
-            slots = linear_groups(levels, levels[0].width)[t]
+        if groups is not None and t > 0:
+            slots = groups[t]
         for k, slot in enumerate(slots):
             if slot is None:  # a linear trajectory that ended: its answer stands
                 t_end, n, j = last[k]
