@@ -569,7 +569,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 return [per_agent[0][t[0]] for t in tuples]
             return [tuple(values[k] for values, k in zip(per_agent, t, strict=True)) for t in tuples]
 
-        rows = with_rows(self.reward_funcs, [level.rows()[t[0]] for t in tuples])  # rows as a column, if asked
+        level_rows = level.rows()
+        rows = with_rows(self.reward_funcs, [level_rows[t[0]] for t in tuples])  # rows as a column, if asked
         prompts = [[row["prompt"] for row in rows_i] for rows_i in level.agent_rows]
         rewards = self._calculate_rewards(
             rows,
