@@ -346,6 +346,15 @@ def credit_columns(rewards_per_func, joint, agent_rewards, processor, weights) -
     return columns
 
 
+def agent_columns(columns: list[torch.Tensor], width: int, num_agents: int, cross: bool, args) -> list[torch.Tensor]:
+    """Each agent's credited reward columns from `credit_columns`' (the joint, or each agent's own): in cross mode,
+    each completion credited with its tuples' rewards (`args.cross_credit`: their mean or CoMLRL's sum)."""
+    credited = [columns[i % len(columns)] for i in range(num_agents)]
+    if not cross:
+        return credited
+    return [cross_credit(c, width, num_agents, i, args.cross_credit) for i, c in enumerate(credited)]
+
+
 def weighted_sum(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """The weighted sum of the reward functions' columns, `(rows, F) -> (rows,)`; NaN where none scored (as TRL)."""
     total = (rewards_per_func * weights.to(rewards_per_func.device)).nansum(dim=1)

@@ -53,11 +53,11 @@ from .loading import (
 from .placement import place_agents
 from .reference_sync import ReferenceSyncCallback, check_reference_sync
 from .rewards import (
+    agent_columns,
     apply_processor,
     bind_reward_funcs,
     check_model_rewards,
     credit_columns,
-    cross_credit,
     flush_reward_logs,
     pop_agent_rewards,
     weighted_sum,
@@ -419,18 +419,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if self.args.num_turns == 1:
             # 2b. Credit each agent's completions with the joint reward (TRL weighs and normalizes the functions'
             # rewards itself, unless a processor applies to their sum first).
-            level = levels[0]
             names, weights = self.reward_func_names, self.reward_weights
             if self.reward_processor is not None:
                 names, weights = ["reward"], torch.ones(1)
-            columns = credit_columns(
-                level.rewards_per_func, level.joint, self._agent_rewards, self.reward_processor, weights
-            )
-            credited = [columns[i % len(columns)] for i in range(self.num_agents)]  # the joint, or the agent's own
-            if level.samples != level.width:  # cross tuples
-                credited = [
-                    cross_credit(c, width, self.num_agents, i, self.args.cross_credit) for i, c in enumerate(credited)
-                ]
+            level, processor = levels[0], self.reward_processor
+            columns = credit_columns(level.rewards_per_func, level.joint, self._agent_rewards, processor, weights)
+            credited = agent_columns(columns, level.width, self.num_agents, level.samples != level.width, self.args)
             agent_rows, rollouts = level.agent_rows, level.rollouts
         else:
             # 2b. Returns over the rollout, each row credited with its own (or, in cross mode, its tuples').

@@ -136,6 +136,30 @@ def test_node_termination_skips_generation_rewards_and_transitions(tmp_path, tin
     assert trainer._metrics["train"]["turn_2/nodes"] == [2]
 
 
+def test_an_ended_nodes_return_is_its_reward_and_the_others_add_their_childs_mean(
+    tmp_path, tiny_path, prompts_dataset
+):
+    """CoMLRL's returns with node-level termination: the node of target 3 passes (every sample scores above the
+    threshold) and returns its rewards; the other node's samples return reward + mean of their child's rewards."""
+
+    def scored(prompts, completions, completion_ids, target, **kwargs):
+        return [id_reward(None, None, [ids])[0] + (100.0 if t == 3 else 0.0) for ids, t in zip(completion_ids, target)]
+
+    trainer = trainer_for(
+        tmp_path, tiny_path, prompts_dataset, reward=scored, early_termination_threshold=50.0, scale_rewards="none"
+    )
+    output = trainer._generate_and_score_completions(batch_of(prompts_dataset))
+    ids = [completion_ids_of(output, a) for a in range(2)]
+    r = id_reward(None, None, list(zip(*ids)))  # without the bonus, which centering removes within the node
+    assert len(r) == 4 + 2 * G2  # node 0 (target 3) ended: only node 1's 2 samples spawned nodes
+    returns_1 = r[:2] + [r[2 + j] + sum(r[4 + j * G2 : 4 + (j + 1) * G2]) / G2 for j in range(G2)]
+    expected = []
+    for values in (returns_1[:2], returns_1[2:], r[4:6], r[6:8]):  # one group per node, centered
+        expected += [v - sum(values) / len(values) for v in values]
+    torch.testing.assert_close(output["agent_0/advantages"], torch.tensor(expected), rtol=1e-4, atol=1e-4)
+    assert torch.tensor(expected).abs().sum() > 0
+
+
 def test_state_only_reward_gives_no_advantage_at_later_turns(tmp_path, tiny_path, prompts_dataset):
     """A turn-2 reward that depends on the state only (the prompt), not the answer: siblings share a state, so the
     tree's turn-2 advantages are exactly 0 (linear trajectories compare different states there)."""
