@@ -38,6 +38,23 @@ class Rollout:
             )
         return cls(*output)
 
+    def check(self, rows: int, source: str) -> Rollout:
+        """Raise a `ValueError` naming `source` (what produced this rollout) unless it holds `rows` rows, and each
+        row's `tool_mask` (a `rollout_func`'s `env_mask`) is as long as its completion."""
+        for name in ("prompt_ids", "completion_ids", "completions"):
+            if len(getattr(self, name)) != rows:
+                raise ValueError(
+                    f"{source} returned {len(getattr(self, name))} `{name}` for {rows} prompts: return one per prompt."
+                )
+        masks = self.tool_mask or []
+        bad = next((k for k, (m, ids) in enumerate(zip(masks, self.completion_ids)) if len(m) != len(ids)), None)
+        if bad is not None or (masks and len(masks) != rows):
+            raise ValueError(
+                f"{source} returned an `env_mask` that does not match its completions (row {bad}): one 0/1 per "
+                "completion token, for every prompt."
+            )
+        return self
+
     def to_trl(self) -> tuple:
         """The tuple `GRPOTrainer._generate` returns, to replay this rollout to TRL."""
         return tuple(getattr(self, f.name) for f in dataclasses.fields(self))

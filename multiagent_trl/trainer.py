@@ -510,7 +510,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             rollouts = []
             for i in range(self.num_agents):
                 with self._agent_view(i), self._swap(_replay=Replay(completion_ids=completion_ids[i])):
-                    rollouts.append(Rollout.from_trl(self._generate(prompts[i])))
+                    source = (
+                        f"agent {i}'s `rollout_func`" if self.rollout_func is not None else f"agent {i}'s generation"
+                    )
+                    rollouts.append(Rollout.from_trl(self._generate(prompts[i])).check(len(prompts[i]), source))
         return rollouts
 
     def _batched_generation(self) -> bool:

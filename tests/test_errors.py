@@ -239,3 +239,27 @@ def test_bad_input_names_the_argument(
         return
     with pytest.raises(error, match=message):
         run()
+
+
+@pytest.mark.parametrize(
+    "drop, mask_length, message",
+    [
+        (1, None, r"agent 0's `rollout_func` returned 7 `prompt_ids` for 8 prompts"),
+        (0, 2, r"agent 0's `rollout_func` returned an `env_mask` that does not match its completions \(row 0\)"),
+    ],
+)
+def test_a_rollout_funcs_output_is_checked_where_it_enters(
+    tmp_path, tiny_path, prompts_dataset, drop, mask_length, message
+):
+    def rollout_func(prompts, trainer):
+        tokenizer = trainer.processing_class
+        kept = prompts[: len(prompts) - drop]
+        completion_ids = [tokenizer("abcd")["input_ids"] for _ in kept]
+        output = {"prompt_ids": [tokenizer(p)["input_ids"] for p in kept], "completion_ids": completion_ids}
+        if mask_length is not None:
+            output["env_mask"] = [[1] * mask_length for _ in kept]
+        return {**output, "logprobs": None}
+
+    trainer = build(tmp_path, tiny_path, prompts_dataset, rollout_func=rollout_func)
+    with pytest.raises(ValueError, match=message):
+        trainer.train()
