@@ -37,6 +37,13 @@ from trl.trainer.utils import nanstd
 from . import sharding
 from .advantages import local_baseline_advantages
 from .agent_state import agent_views, load_entropy_states, same_generation_settings, save_entropy_states
+from .arguments import (
+    check_callables,
+    check_prompt_column,
+    check_shared_tokenizer,
+    check_team_arguments,
+    per_agent,
+)
 from .checkpointing import save_atomically
 from .config import MultiAgentGRPOConfig
 from .evaluation import EvalRecorder, EvalTrajectories, decoding
@@ -218,53 +225,28 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         num_agents = args.num_agents = (args.num_agents or 1) if shared_base else len(models)
         args.check_agent_settings(num_agents)  # before anything reads an agent's value
         betas = [args.agent_setting("beta", i) for i in range(num_agents)]
-        if adapter_names is not None and any(beta != 0.0 for beta in betas):
-            # TRL's reference for a trained adapter is a frozen copy of it; on one base, each agent would need its
-            # own copy, selected in its reference pass. Not built yet: refuse rather than use the bare base.
-            raise NotImplementedError(
-                "`beta != 0` with a LoRA team continued from trained adapters (a PeftModel with adapters `agent_0` "
-                "...) is not supported yet: each agent's KL reference would be its starting adapter. Set `beta=0`, "
-                "or pass one PeftModel per agent (a list; each keeps a frozen copy of its adapter as reference)."
-            )
+        check_team_arguments(args, num_agents, optimizers[1], adapter_names is not None, betas)
         trained_adapters = [m for m, beta in zip(models, betas) if isinstance(m, PeftModel) and beta != 0.0]
-        models = add_adapters(
-            models, _per_agent("peft_config", peft_config, num_agents, single=PeftConfig), shared_base
-        )
+        models = add_adapters(models, per_agent("peft_config", peft_config, num_agents, PeftConfig), shared_base)
         for agent in trained_adapters:
             add_reference_adapter(agent)
         check_reference_sync(args, models)
         processing_classes = load_processing_classes(processing_class, models, args)
-        self._check_team_arguments(args, num_agents, shared_base, processing_classes, kwargs)
-        if optimizers[1] is not None and args.agent_learning_rates is not None:
-            raise ValueError(
-                "`agent_learning_rates` splits the optimizer into one group per agent, which the learning-rate "
-                "scheduler given in `optimizers=` was not built for. Give your optimizer one parameter group per "
-                "agent with its own `lr` instead, or pass only the optimizer (`optimizers=(optimizer, None)`): the "
-                "trainer then builds the schedule (`lr_scheduler_type`) over the agents' groups."
-            )
+        check_shared_tokenizer(shared_base, processing_classes)
         team_tools = TeamTools.from_arguments(kwargs, num_agents, args)  # a team's tools go to the agents' views
         if num_agents > 1 and args.ddp_find_unused_parameters is None:
             # Each agent's forward and backward leaves the other agents' parameters unused (DDP must be told).
             args.ddp_find_unused_parameters = True
 
         # 2. How the agents see the task, and how their answers are scored.
-        self.formatters = _per_agent("formatters", formatters, num_agents)
-        if any(not callable(f) for f in self.formatters or []):
-            bad = next(f for f in self.formatters if not callable(f))
-            raise TypeError(f"`formatters` must be callables, `formatter(row) -> prompt`; got {bad!r}.")
-        if reward_processor is not None and not callable(reward_processor):
-            raise TypeError(f"`reward_processor` must be a callable, `float -> float`; got {reward_processor!r}.")
-        if args.num_turns > 1 and external_transition is None:
-            raise ValueError(
-                f"`num_turns={args.num_turns}` needs `external_transition=`, a function `(row, histories, turn)` that "
-                "returns each agent's next prompt; or set `num_turns=1`."
-            )
+        self.formatters = per_agent("formatters", formatters, num_agents)
+        check_callables(self.formatters, reward_processor, external_transition, args.num_turns)
         self.external_transition = external_transition
         self._transition = None
         if external_transition is not None:
             self._transition = Transition(external_transition, self.formatters, args.external_prompt_passthrough)
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            _check_prompt_column(name, dataset, self.formatters)
+            check_prompt_column(name, dataset, self.formatters)
         reward_funcs, kwargs["reward_processing_classes"] = bind_reward_funcs(
             reward_funcs,
             num_agents,
@@ -319,16 +301,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._eval_recorder: EvalRecorder | None = None
         if args.sync_ref_model:
             self.add_callback(ReferenceSyncCallback(self))
-
-    @staticmethod
-    def _check_team_arguments(args, num_agents: int, shared_base: bool, processing_classes: list, kwargs) -> None:
-        if args.agent_learning_rates is not None and len(args.agent_learning_rates) != num_agents:
-            raise ValueError(
-                f"`agent_learning_rates` has {len(args.agent_learning_rates)} values for {num_agents} agents: give "
-                "one learning rate per agent."
-            )
-        if shared_base and len(set(map(id, processing_classes))) > 1:
-            raise ValueError("Agents that share one base model share its tokenizer: pass one `processing_class`.")
 
     def create_accelerator_and_postprocess(self) -> None:
         # FSDP runs on CPU too (gloo), and a requested engine that is not set up is an error, not a fallback.
@@ -765,33 +737,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if self.use_adaptive_entropy and checkpoint is not None:
             load_entropy_states(self._agent_views, checkpoint)
-
-
-def _per_agent(name: str, value, num_agents: int, single: type | None = None) -> list | None:
-    """`value` for every agent: `None`, one value for all (a callable, or an instance of `single`), or one each."""
-    if value is None:
-        return None
-    if (callable(value) and single is None) or (single is not None and isinstance(value, single)):
-        return [value] * num_agents
-    values = list(value)
-    if len(values) != num_agents:
-        raise ValueError(
-            f"{len(values)} {name} were given for {num_agents} agents: pass one for all, or one per agent."
-        )
-    return values
-
-
-def _check_prompt_column(name: str, dataset, formatters) -> None:
-    if dataset is None or formatters is not None:
-        return
-    datasets = dataset.values() if isinstance(dataset, dict) else [dataset]
-    for ds in datasets:
-        columns = getattr(ds, "column_names", None)
-        if columns is not None and "prompt" not in columns:
-            raise ValueError(
-                f"`{name}` has no 'prompt' column (columns: {columns}). Add one, or pass `formatters=` to build each "
-                "agent's prompt from a row."
-            )
 
 
 def _loss_parts(inputs: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
