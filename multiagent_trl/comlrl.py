@@ -102,9 +102,11 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
         eval_batch_size (`int`, *optional*, defaults to `1`):
             Rows per evaluation batch; maps to `per_device_eval_batch_size` (with `num_generations_eval=1`). Like
             `train_batch_size`, reading it gives Trainer's property; CoMLRL's value is `config.comlrl_eval_batch_size`.
-        reference_kl_enabled (`bool`, *optional*, defaults to `False`) and `reference_kl_coef` (`float`, defaults to
-        `0.1`):
-            KL penalty to each agent's initial weights; map to `beta = reference_kl_coef` when enabled, else 0.
+        reference_kl_enabled (`bool`, *optional*, defaults to `False`):
+            KL penalty to each agent's initial weights; with `reference_kl_coef`, maps to `beta = reference_kl_coef`
+            when enabled, else 0.
+        reference_kl_coef (`float`, *optional*, defaults to `0.1`):
+            The KL coefficient when `reference_kl_enabled` (see above).
         parallel_training (`str`, *optional*, defaults to `"none"`):
             `"none"`: Accelerate's placement (every agent on the process's device; data parallel across processes).
             `"mp"`: one process, each agent on its own device from `agent_devices` (required).
