@@ -9,7 +9,7 @@ from griffe import Extension, Object
 
 
 def fence_doctests(text: str) -> str:
-    """Wrap each run of doctest lines (`>>>`, `...` and their output, up to a blank line) in a fence, at their indent."""
+    """Wrap each run of doctest lines (`>>>`, `...`, their output; up to a blank line) in a fence, at its indent."""
     out, in_fence, indent = [], False, None
     for line in text.splitlines():
         stripped = line.lstrip()
