@@ -2,7 +2,7 @@
 
     python benchmarks/generation.py                  # all three parts (about 15 minutes on 2 CPU cores)
     python benchmarks/generation.py --only epoch     # or: throughput, overheads
-    python benchmarks/generation.py --update-readme  # also rewrites the README's table between its markers
+    python benchmarks/generation.py --update-docs    # also rewrites the docs/benchmarks.md table between its markers
 
 Paths: "plain" (TRL's `generate`, the default: one call for all agents, separate models of one architecture
 included), "per_agent" (`generation_mode="per_agent"`: one `generate` call per agent), "continuous_batching"
@@ -70,14 +70,14 @@ QWEN_VOCAB = 151936
 SIZES = ("tiny", "bench-4m", *QWEN_SHAPES)
 KINDS = ("separate", "lora")
 PARTS = ("throughput", "epoch", "overheads")
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 MARKERS = ("<!-- bench:generation start -->", "<!-- bench:generation end -->")
 EPOCH_TARGET = 0.5  # multiagent_trl's tutorial epoch at most half of CoMLRL's
 
 
 @dataclass
 class Arguments:
-    """Flags (`--help` lists them; `--update-readme` or `--update_readme`)."""
+    """Flags (`--help` lists them; `--update-docs` or `--update_docs`)."""
 
     only: list[str] = field(default_factory=lambda: list(PARTS), metadata={"help": "Parts to run.", "choices": PARTS})
     paths: list[str] = field(default_factory=lambda: list(PATHS), metadata={"help": "Paths.", "choices": PATHS})
@@ -95,7 +95,7 @@ class Arguments:
     max_new_tokens: int = field(default=32, metadata={"help": "Completion length (throughput)."})
     threads: int = field(default_factory=os.cpu_count, metadata={"help": "torch threads."})
     compile_backend: str = field(default="inductor", metadata={"help": "torch.compile backend of the compiled path."})
-    update_readme: bool = field(default=False, metadata={"help": "Rewrite the README's table with this run."})
+    update_docs: bool = field(default=False, metadata={"help": "Rewrite docs/benchmarks.md's table with this run."})
     output_dir: str = field(default="/tmp/multiagent_trl_bench_generation", metadata={"help": "Trainer output."})
 
 
@@ -410,10 +410,12 @@ def report(args: Arguments, throughput, epoch, overheads) -> str:
     return "\n".join(lines).strip()
 
 
-def update_readme(block: str) -> None:
-    text = README.read_text()
+def update_docs(block: str, page: Path = DOCS_PAGE) -> None:
+    text = page.read_text()
+    if MARKERS[0] not in text or MARKERS[1] not in text:
+        raise SystemExit(f"{page} has no {MARKERS[0]} ... {MARKERS[1]} block to update.")
     start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])
-    README.write_text(text[:start] + "\n" + block + "\n" + text[end:])
+    page.write_text(text[:start] + "\n" + block + "\n" + text[end:])
 
 
 def main() -> None:
@@ -429,8 +431,9 @@ def main() -> None:
     overheads = run_overheads(args) if "overheads" in args.only else []
     block = report(args, throughput, epoch, overheads)
     print("\n" + block)
-    if args.update_readme:
-        update_readme(block)
+    if args.update_docs:
+        update_docs(block)
+        print(f"updated {DOCS_PAGE}")
 
 
 if __name__ == "__main__":

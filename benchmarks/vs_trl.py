@@ -1,7 +1,7 @@
 """Team against TRL: step time, completions per second and peak memory for the same work, side by side.
 
     python benchmarks/vs_trl.py                    # prints the table (about 6 minutes on 2 CPU cores)
-    python benchmarks/vs_trl.py --update-readme    # also rewrites the README's table between its markers
+    python benchmarks/vs_trl.py --update-docs      # also rewrites the docs/benchmarks.md table between its markers
 
 What is compared, for N = 2 agents, on two models built in code (`multiagent_trl.testing.tiny_model_path`): "tiny"
 (about 90k parameters, where per-step overhead shows) and "bench-4m" (about 4M, where matrix work dominates):
@@ -35,7 +35,7 @@ above the RSS after importing the libraries; the peak is restarted there (Linux 
 importing briefly peaks higher than small models ever reach.
 
 Other work on the machine makes times noisy: the share of the CPUs that other processes used during each case's
-timed runs is printed (and its range goes into the README).
+timed runs is printed (and its range goes into docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ TARGETS = {"separate": 1.10, "lora": 0.75}
 PROMPTS_PER_STEP = 2
 NUM_GENERATIONS = 4
 MAX_COMPLETION_LENGTH = 16
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 MARKERS = ("<!-- bench:vs_trl start -->", "<!-- bench:vs_trl end -->")
 
 
@@ -102,7 +102,7 @@ class Arguments:
     memory_steps: int = field(default=2, metadata={"help": "Steps of each memory run."})
     threads: int = field(default_factory=os.cpu_count, metadata={"help": "torch threads, in every process."})
     no_memory: bool = field(default=False, metadata={"help": "Skip the memory subprocesses."})
-    update_readme: bool = field(default=False, metadata={"help": "Rewrite the README's table with this run."})
+    update_docs: bool = field(default=False, metadata={"help": "Rewrite docs/benchmarks.md's table with this run."})
     output_dir: str = field(default="/tmp/multiagent_trl_bench_vs_trl", metadata={"help": "Where the trainers write."})
     # Internal: one memory setup in its own process (peak RSS is per process): SETUP SIZE KIND.
     worker: list[str] | None = field(default=None, metadata={"metavar": "SETUP SIZE KIND", "help": argparse.SUPPRESS})
@@ -361,14 +361,14 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def readme_block(results: list[dict], args: Arguments, seconds: float) -> str:
+def docs_block(results: list[dict], args: Arguments, seconds: float) -> str:
     import torch
     import transformers
     import trl
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     description = (
-        f"`python benchmarks/vs_trl.py --update-readme`, {time.strftime('%Y-%m-%d')}: {os.cpu_count()} CPU cores "
+        f"`python benchmarks/vs_trl.py --update-docs`, {time.strftime('%Y-%m-%d')}: {os.cpu_count()} CPU cores "
         f"({platform.machine()}), {gpu}, {args.threads} torch threads; torch {torch.__version__}, transformers "
         f"{transformers.__version__}, TRL {trl.__version__}. {NUM_AGENTS} agents, "
         f"{PROMPTS_PER_STEP * NUM_GENERATIONS} completions of at most {MAX_COMPLETION_LENGTH} tokens per agent and "
@@ -382,12 +382,12 @@ def readme_block(results: list[dict], args: Arguments, seconds: float) -> str:
     return "\n".join([MARKERS[0], textwrap.fill(description, width=118), "", table(results), MARKERS[1]])
 
 
-def update_readme(block: str) -> None:
-    text = README.read_text()
+def update_docs(block: str, page: Path = DOCS_PAGE) -> None:
+    text = page.read_text()
     pattern = re.compile(re.escape(MARKERS[0]) + r".*?" + re.escape(MARKERS[1]), re.DOTALL)
     if not pattern.search(text):
-        raise SystemExit(f"README.md has no {MARKERS[0]} ... {MARKERS[1]} block to update.")
-    README.write_text(pattern.sub(lambda _: block, text))
+        raise SystemExit(f"{page} has no {MARKERS[0]} ... {MARKERS[1]} block to update.")
+    page.write_text(pattern.sub(lambda _: block, text))
 
 
 def main() -> None:
@@ -439,9 +439,9 @@ def main() -> None:
             f"{verdict(r)}"
         )
     print(f"\ntotal {seconds:.0f} s")
-    if args.update_readme:
-        update_readme(readme_block(results, args, seconds))
-        print(f"updated {README}")
+    if args.update_docs:
+        update_docs(docs_block(results, args, seconds))
+        print(f"updated {DOCS_PAGE}")
 
 
 if __name__ == "__main__":

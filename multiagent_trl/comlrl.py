@@ -13,7 +13,7 @@ Everything CoMLRL-specific lives here; the core (`config.py`, `trainer.py`) spea
 needs something GRPO lacks, the core has it under a general name and this module maps onto it: `advantage_mode` ->
 `advantage_baseline` (`advantages.py`), `parallel_training="mp"` + `agent_devices` -> `agent_devices`
 (`placement.py`), `eval_logger`/`eval_aggregator` -> `trajectory_metrics` (`evaluation.py`), per-agent rewards and
-CoMLRL's reward calling conventions (`rewards.py`). The README's "For CoMLRL users" table lists every name.
+CoMLRL's reward calling conventions (`rewards.py`). `docs/comlrl-users.md` lists every name in tables.
 """
 
 from __future__ import annotations
@@ -102,9 +102,11 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
         eval_batch_size (`int`, *optional*, defaults to `1`):
             Rows per evaluation batch; maps to `per_device_eval_batch_size` (with `num_generations_eval=1`). Like
             `train_batch_size`, reading it gives Trainer's property; CoMLRL's value is `config.comlrl_eval_batch_size`.
-        reference_kl_enabled (`bool`, *optional*, defaults to `False`) and `reference_kl_coef` (`float`, defaults to
-        `0.1`):
-            KL penalty to each agent's initial weights; map to `beta = reference_kl_coef` when enabled, else 0.
+        reference_kl_enabled (`bool`, *optional*, defaults to `False`):
+            KL penalty to each agent's initial weights; with `reference_kl_coef`, maps to `beta = reference_kl_coef`
+            when enabled, else 0.
+        reference_kl_coef (`float`, *optional*, defaults to `0.1`):
+            The KL coefficient when `reference_kl_enabled` (see above).
         parallel_training (`str`, *optional*, defaults to `"none"`):
             `"none"`: Accelerate's placement (every agent on the process's device; data parallel across processes).
             `"mp"`: one process, each agent on its own device from `agent_devices` (required).
@@ -331,7 +333,7 @@ class _WandbSections(TrainerCallback):
 class MAGRPOTrainer(MultiAgentGRPOTrainer):
     """[`MultiAgentGRPOTrainer`] with every argument of CoMLRL 1.4.3's `MAGRPOTrainer`, in its order.
 
-    Each CoMLRL argument maps onto the core (the README's table lists them): `agent_model` + `num_agents` or
+    Each CoMLRL argument maps onto the core (`docs/comlrl-users.md` lists them): `agent_model` + `num_agents` or
     `agents` -> `model`, `tokenizer` -> `processing_class`, `reward_func` -> `reward_funcs`, `model_config` -> how
     agents given by name are loaded, `wandb_config` -> `report_to="wandb"` and its settings, `eval_logger` +
     `eval_aggregator` -> `trajectory_metrics`. The TRL names (`model=`, `reward_funcs=`, `processing_class=`,

@@ -113,7 +113,7 @@ class MultiAgentGRPOConfig(GRPOConfig):
             Decode with a static KV cache (`cache_implementation="static"`) and a `torch.compile`d decoding step, on
             every device (TRL builds its generation config with compilation off). Each agent's model is compiled once,
             at its first generation. The same tokens as the plain path; whether it is faster depends on the model and
-            the device (the README's Benchmarks section has the measurements; on the development machine's CPU the
+            the device (`docs/benchmarks.md` has the measurements; on the development machine's CPU the
             compile takes about a minute, so it does not pay off in short runs). Not with continuous batching.
         compile_generation_kwargs (`dict` or `None`, *optional*, defaults to `None`):
             With `compile_generation=True`: `torch.compile` arguments, as `transformers.CompileConfig` fields

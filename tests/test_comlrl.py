@@ -137,7 +137,8 @@ def test_comlrl_checks(kwargs, message):
 
 ON_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="the process's device is the CPU here")
 
-# The README's "MAGRPOConfig fields" table, row by row: (row, CoMLRL fields given, what the core's fields hold).
+# The "MAGRPOConfig fields" table of docs/comlrl-users.md, row by row: (row, CoMLRL fields given, what the core's
+# fields hold).
 COMLRL_MAPPINGS = [
     ("agent_learning_rate", dict(agent_learning_rate=1e-4), dict(learning_rate=1e-4)),
     ("logging_steps", dict(logging_steps=7), dict(logging_steps=7)),

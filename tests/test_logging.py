@@ -36,7 +36,7 @@ def test_wandb_offline_run_has_per_agent_metrics(tmp_path, monkeypatch, tiny_pat
 
 
 def test_magrpo_training_logs_comlrls_turn_names_and_each_agents_metrics(tmp_path, tiny_path, prompts_dataset):
-    """README, "Metric names": training logs the joint `reward`, per turn `turn_k/reward` and CoMLRL's
+    """docs/comlrl-users.md, "Metric names": training logs the joint `reward`, per turn `turn_k/reward` and CoMLRL's
     `turn_k/reward_mean` and `turn_k/expected_return` (one turn too, as CoMLRL logs them), and per agent the loss,
     grad norm, lengths and KL."""
     args = MAGRPOConfig(
