@@ -4,7 +4,7 @@
         --dataset_name trl-lib/DeepMath-103K --reward_funcs my_lib.rewards.joint --output_dir team
     multiagent-trl grpo --config team.yaml --agent_models Qwen/Qwen2.5-0.5B HuggingFaceTB/SmolLM2-135M
     multiagent-trl magrpo --model_name_or_path Qwen/Qwen2.5-0.5B --agent_learning_rate 5e-6 --max_new_tokens 128 ...
-    accelerate launch --num_processes 2 -m multiagent_trl.cli grpo ...     # or: accelerate launch $(which multiagent-trl)
+    accelerate launch --num_processes 2 -m multiagent_trl.cli grpo ...  # or $(which multiagent-trl)
 
 `grpo` parses TRL's `grpo` script flags (`GRPOScriptArguments`: `--dataset_name`, `--dataset_config`,
 `--dataset_train_split`, `--reward_funcs`, `--reward_model_name_or_path`, ...), every `MultiAgentGRPOConfig` field
@@ -58,7 +58,7 @@ class TeamArguments(GRPOScriptArguments):
     )
     formatters: list[str] | None = field(
         default=None,
-        metadata={"help": "Dotted import paths of `formatter(row) -> prompt` functions: one for all, or one per agent."},
+        metadata={"help": "Dotted import paths of `formatter(row) -> prompt` functions: one for all, or one each."},
     )
     external_transition: str | None = field(
         default=None,
