@@ -181,7 +181,10 @@ def load_datasets(script_args: TeamArguments, config: MultiAgentGRPOConfig, data
         )
     else:
         raise ValueError("Give a dataset: --dataset_name (a Hub id or a local folder) or --datasets in --config.")
-    eval_dataset = dataset[script_args.dataset_test_split] if config.eval_strategy != "no" else None
+    # A folder of one split has no test split: no evaluation then (CoMLRL's default `eval_interval` asks for one;
+    # with `grpo --eval_strategy steps`, Trainer's error says that an eval dataset is missing).
+    test_split = script_args.dataset_test_split
+    eval_dataset = dataset[test_split] if config.eval_strategy != "no" and test_split in dataset else None
     return dataset[script_args.dataset_train_split], eval_dataset
 
 
