@@ -111,7 +111,9 @@ def per_agent_reward(func: Callable, num_agents: int) -> Callable:
 
     The returned function takes the team's joint samples (`completions[j]` a tuple of N completions, and
     `completion_ids` likewise) and returns, for each joint sample, the N agents' rewards (a row), which the trainer
-    credits to each agent. With one agent, `func` itself is returned.
+    credits to each agent. Where `func` returns `None` (TRL's "does not apply", e.g. `accuracy_reward` without a
+    parsable solution), a batch cannot hold per-agent rows: each joint sample gets the mean of its agents' rewards
+    instead (`None` if none applies). With one agent, `func` itself is returned.
     """
     if num_agents == 1:
         return func
@@ -124,7 +126,11 @@ def per_agent_reward(func: Callable, num_agents: int) -> Callable:
             if ids is not None:
                 agent_kwargs["completion_ids"] = [c[i] for c in ids]
             per_agent.append(func(prompts=[p[i] if isinstance(p, tuple) else p for p in prompts], **agent_kwargs))
-        return [list(row) for row in zip(*per_agent)]
+        rows = [list(row) for row in zip(*per_agent)]
+        if all(v is not None for row in rows for v in row):
+            return rows
+        scored = [[v for v in row if v is not None] for row in rows]
+        return [sum(values) / len(values) if values else None for values in scored]
 
     team_reward.__name__ = getattr(func, "__name__", type(func).__name__)
     return team_reward

@@ -136,6 +136,13 @@ def test_trl_reward_scores_each_agent_alone():
     assert rows == [[1.0, 0.0], [0.0, 1.0]]
     assert per_agent_reward(starts_with_yes, num_agents=1) is starts_with_yes
 
+    def judged_if_short(completions, **kwargs):  # None: "does not apply", as TRL's accuracy_reward may return
+        return [float(c == "yes") if len(c) < 4 else None for c in completions]
+
+    team = per_agent_reward(judged_if_short, num_agents=2)
+    rows = team(prompts=[("p", "q")] * 3, completions=[("yes", "no"), ("yes", "longer"), ("longer", "longer")])
+    assert rows == [0.5, 1.0, None]
+
 
 # ------------------------------------------------------------------------------------------------ end to end
 
@@ -166,3 +173,35 @@ def test_end_to_end(workdir, tiny_path, command, team_flags):
         folder = workdir / "out" / f"agent_{i}"
         assert AutoModelForCausalLM.from_pretrained(folder).num_parameters() > 0
         AutoTokenizer.from_pretrained(folder)
+
+
+def test_push_to_hub_flag_pushes_the_team(workdir, tiny_path, monkeypatch):
+    """`--push_to_hub --hub_single_repo` pushes one repo with `agent_i/` folders and their cards at the end (the Hub
+    client is faked; nothing is pushed during training)."""
+    from multiagent_trl.cli import main
+
+    calls = []
+
+    class FakeApi:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, name, private=None, exist_ok=False):
+            calls.append(("create", name))
+            return type("RepoUrl", (), {"repo_id": name})()
+
+        def upload_folder(self, repo_id, folder_path, allow_patterns=None, **kwargs):
+            calls.append(("upload", repo_id, Path(folder_path).name, allow_patterns))
+
+    monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
+    monkeypatch.chdir(workdir)
+    monkeypatch.syspath_prepend(str(workdir))
+    argv = ["grpo", "--model_name_or_path", tiny_path, "--num_agents", "2", "--dataset_name", "data",
+            "--reward_funcs", "team_code.ratio", "--output_dir", "out", "--max_steps", "1", "--num_generations", "2",
+            "--per_device_train_batch_size", "2", "--max_completion_length", "8", "--report_to", "none",
+            "--save_strategy", "no", "--push_to_hub", "--hub_model_id", "me/team", "--hub_single_repo"]  # fmt: skip
+    assert main(argv) == 0
+    assert calls == [("create", "me/team"), ("upload", "me/team", "out", ["README.md", "agent_*/**"])]
+    for i in range(2):
+        card = (workdir / "out" / f"agent_{i}" / "README.md").read_text()
+        assert "me/team/agent_0" in card and "me/team/agent_1" in card and "`ratio`" in card
