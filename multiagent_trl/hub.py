@@ -90,6 +90,7 @@ def agent_card(
     tags: Sequence[str] = (),
     subfolder: str | None = None,
     adapter: bool = False,
+    run_links: dict[str, str] | None = None,
 ) -> ModelCard:
     """The model card of agent `agent` of a team whose agents live in `repo_ids` (one per agent).
 
@@ -105,6 +106,7 @@ def agent_card(
         tags: More tags for the card's metadata.
         subfolder: The agent's folder in its repo (`agent_i` with one repo for the team), or `None`.
         adapter: Whether the agent is a LoRA adapter (loaded with `PeftModel.from_pretrained`).
+        run_links: The training run's pages by tracker (`{"Weights & Biases": url}`), as TRL's cards link them.
 
     Returns:
         A `huggingface_hub.ModelCard`; `str(card)` is the README.md text.
@@ -136,11 +138,12 @@ def agent_card(
     imports = "from peft import PeftModel" if adapter else "from transformers import AutoModelForCausalLM"
     config_rows = "\n".join(f"| `{k}` | `{v}` |" for k, v in config.items())
     metric_rows = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in metrics.items()) or "| (none logged) | |"
+    runs = "".join(f"\n\nTraining run: [{name}]({url})." for name, url in (run_links or {}).items())
     body = f"""# Agent {agent} of a team of {num_agents}
 
 This model is agent {agent} of {num_agents} agents trained together with multiagent_trl (MAGRPO: GRPO on one joint
 reward, built on [TRL](https://github.com/huggingface/trl)). It was trained to cooperate with the other agents below:
-its rewards depend on their answers too.
+its rewards depend on their answers too.{runs}
 
 ## Team
 
@@ -185,6 +188,23 @@ model = {loader}{where})
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
 
+def run_links() -> dict[str, str]:
+    """The current run's pages in the trackers that have one (W&B, Trackio, Comet), found as TRL's cards find them."""
+    from transformers import is_wandb_available
+    from trl.trainer.utils import get_comet_experiment_url, get_trackio_space_url
+
+    links = {}
+    if is_wandb_available():
+        import wandb
+
+        if wandb.run is not None and wandb.run.url:
+            links["Weights & Biases"] = wandb.run.url
+    for name, url in (("Trackio", get_trackio_space_url()), ("Comet", get_comet_experiment_url())):
+        if url:
+            links[name] = url
+    return links
+
+
 def agent_role(trainer: MultiAgentGRPOTrainer, agent: int) -> str:
     """Agent `agent`'s role, in words: its formatter's name (if it has one) and its prompt for the first train row."""
     from trl.trainer.utils import get_callable_name
@@ -227,7 +247,7 @@ def write_team_folder(
     names = list(trainer.reward_func_names)
     if weights is not None and any(w != 1.0 for w in weights):
         names = [f"{name} (weight {w:g})" for name, w in zip(names, weights)]
-    cards = []
+    cards, links = [], run_links()
     for i in range(num_agents):
         agent_dir = os.path.join(folder, f"agent_{i}")
         model = models[i] if len(models) > 1 else models[0]
@@ -246,6 +266,7 @@ def write_team_folder(
             tags=tags,
             subfolder=f"agent_{i}" if single_repo else None,
             adapter=os.path.exists(os.path.join(agent_dir, "adapter_config.json")),
+            run_links=links,
         )
         card.save(os.path.join(agent_dir, "README.md"))
         cards.append(card)

@@ -101,12 +101,14 @@ def test_last_agent_metrics_and_card_from_plain_data():
             config={"joint_mode": "cross"},
             metrics=metrics,
             base_model="Qwen/Qwen2.5-0.5B",
+            run_links={"Weights & Biases": "https://wandb.ai/me/team/runs/1"},
         )
     )
     assert card.startswith("---\nbase_model: Qwen/Qwen2.5-0.5B\n")
     assert "| 1 | [u/t-agent-1](https://huggingface.co/u/t-agent-1) (this model) |" in card
     assert "| 0 | [u/t-agent-0](https://huggingface.co/u/t-agent-0) |" in card
     assert "`accuracy (weight 2)`, `brevity`" in card and "| `joint_mode` | `cross` |" in card
+    assert "Training run: [Weights & Biases](https://wandb.ai/me/team/runs/1)." in card
     assert "| `agent_1/reward` | 0.75 |" in card and 'from_pretrained("u/t-agent-1")' in card
 
 
