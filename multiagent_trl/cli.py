@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
-from .comlrl import MAGRPOConfig, MAGRPOTrainer
+from .comlrl import COMLRL_TWINS, MAGRPOConfig, MAGRPOTrainer
 from .config import MultiAgentGRPOConfig
 from .trainer import MultiAgentGRPOTrainer
 
@@ -162,11 +162,37 @@ def make_parser(command: str) -> TrlParser:
     return TrlParser(dataclass_types, prog=f"multiagent-trl {command}")
 
 
+def check_comlrl_twins(parser: TrlParser, argv: list[str], config: MAGRPOConfig) -> None:
+    """Refuse a GRPO name given to `magrpo` (a flag, or a key of the `--config` file) whose value `MAGRPOConfig`
+    replaced from its CoMLRL twin (`--learning_rate` with CoMLRL's default `agent_learning_rate`, ...)."""
+    flags = {arg[2:].split("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    at = argv.index("--config") if "--config" in argv else len(argv)
+    raw, _ = parser.parse_known_args(argv[:at] + argv[at + 2 :])  # the parser's defaults hold the file's values
+    yaml_keys = set()
+    if at < len(argv):
+        import yaml
+
+        with open(argv[at + 1]) as file:
+            yaml_keys = set(yaml.safe_load(file) or {})
+    for name, twin in COMLRL_TWINS.items():
+        given = name in flags or (name in yaml_keys and twin not in flags)
+        value = getattr(raw, name, None)
+        value = value[0] if isinstance(value, list) and len(value) == 1 else value  # a per-agent value given once
+        if given and value != getattr(config, name):
+            raise ValueError(
+                f"--{name} {value!r} was replaced by {getattr(config, name)!r}: `magrpo` (MAGRPOConfig) sets {name} "
+                f"from CoMLRL's --{twin}. Give --{twin} instead (or use `grpo`, which takes TRL's names)."
+            )
+
+
 def parse_args(argv: list[str]) -> tuple[str, TeamArguments, MultiAgentGRPOConfig, ModelConfig, DatasetMixtureConfig]:
     """Parse `argv` (`[command, flags...]`, with an optional YAML `--config`) into the command and its settings."""
     if not argv or argv[0] not in COMMANDS:
         raise SystemExit(f"usage: multiagent-trl {{{','.join(COMMANDS)}}} [--help] [flags]")
-    script_args, config, model_args, dataset_args = make_parser(argv[0]).parse_args_and_config(argv[1:])
+    parser = make_parser(argv[0])
+    script_args, config, model_args, dataset_args = parser.parse_args_and_config(argv[1:])
+    if argv[0] == "magrpo":
+        check_comlrl_twins(parser, argv[1:], config)
     if script_args.agent_models and model_args.model_name_or_path:
         raise ValueError("Give either --model_name_or_path (every agent) or --agent_models (one per agent), not both.")
     if not (script_args.agent_models or model_args.model_name_or_path):

@@ -93,6 +93,19 @@ def test_magrpo_takes_comlrl_names():
     assert args.learning_rate == 3e-4 and args.max_completion_length == 24 and args.num_agents == 2
 
 
+def test_magrpo_refuses_a_grpo_name_its_twin_replaces(tmp_path):
+    argv = ["magrpo", "--model_name_or_path", "org/m", "--learning_rate", "1e-3", "--output_dir", "o"]
+    with pytest.raises(ValueError, match="--learning_rate 0.001 was replaced.*--agent_learning_rate instead"):
+        parse_args(argv)
+    # With the twin unset (in the YAML file), the GRPO name holds, as examples/configs/tiny.yaml does it.
+    config = tmp_path / "c.yaml"
+    config.write_text("agent_learning_rate: null\nmax_new_tokens: null\nmax_completion_length: 16\n")
+    _, _, args, _, _ = parse_args([*argv, "--config", str(config)])
+    assert args.learning_rate == 1e-3 and args.max_completion_length == 16
+    with pytest.raises(ValueError, match="--max_completion_length 16 was replaced by 8.*--max_new_tokens"):
+        parse_args([*argv, "--config", str(config), "--max_new_tokens", "8", "--max_completion_length", "16"])
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -152,17 +165,17 @@ def test_trl_reward_scores_each_agent_alone():
     [
         # TRL's names: one model for every agent, a two-turn rollout with a transition by dotted path.
         ("grpo", ["--num_agents", "2", "--num_turns", "2", "--external_transition", "team_code.feedback",
-                  "--learning_rate", "1e-3", "--max_completion_length", "8"]),
+                  "--learning_rate", "1e-3", "--max_completion_length", "8", "--per_device_train_batch_size", "2"]),
         # CoMLRL's names: one model per agent, a formatter each.
         ("magrpo", ["--num_turns", "1", "--formatters", "team_code.plan", "team_code.write",
-                    "--agent_learning_rate", "1e-3", "--max_new_tokens", "8"]),
+                    "--agent_learning_rate", "1e-3", "--max_new_tokens", "8", "--rollout_buffer_size", "1"]),
     ],
 )  # fmt: skip
 def test_end_to_end(workdir, tiny_path, command, team_flags):
     models = ["--agent_models", tiny_path, tiny_path] if command == "magrpo" else ["--model_name_or_path", tiny_path]
     argv = [command, *models, "--dataset_name", "data", "--reward_funcs", "team_code.ratio", "--output_dir", "out",
-            "--max_steps", "1", "--num_generations", "2", "--per_device_train_batch_size", "2", "--report_to", "none",
-            "--save_strategy", "no", *team_flags]  # fmt: skip
+            "--max_steps", "1", "--num_generations", "2", "--report_to", "none", "--save_strategy", "no",
+            *team_flags]  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=str(ROOT))
     result = subprocess.run(
         [sys.executable, "-m", "multiagent_trl.cli", *argv], cwd=workdir, env=env, capture_output=True, text=True
