@@ -43,6 +43,22 @@ logger = logging.getLogger(__name__)
 # CoMLRL's advantage_mode -> the core's advantage_baseline.
 ADVANTAGE_MODES = {"mean": "mean", "raw": "none", "max": "max", "rloo": "leave_one_out"}
 PARALLEL_TRAINING = ("none", "mp")
+# GRPO fields that `MAGRPOConfig.__post_init__` sets from their CoMLRL twins (the CoMLRL value wins), by GRPO name: a
+# command line that gives the GRPO name to MAGRPOConfig must learn that its value was replaced.
+COMLRL_TWINS = {
+    "learning_rate": "agent_learning_rate",
+    "max_completion_length": "max_new_tokens",
+    "scale_rewards": "advantage_normalization",
+    "per_device_train_batch_size": "rollout_buffer_size",
+    "steps_per_generation": "train_batch_size",
+    "beta": "reference_kl_coef",
+    "eval_strategy": "eval_interval",
+    "eval_steps": "eval_interval",
+    "eval_on_start": "eval_interval",
+    "per_device_eval_batch_size": "eval_batch_size",
+    "num_generations_eval": "eval_interval",
+    "advantage_baseline": "advantage_mode",
+}
 MODEL_CONFIG_KEYS = ("torch_dtype", "dtype", "attn_implementation", "model_kwargs", "special_tokens", "name")
 WANDB_CONFIG_KEYS = ("project", "entity", "name", "run_name", "dir", "tags", "config_sections", "id", "resume")
 

@@ -34,7 +34,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
-from . import sharding
+from . import hub, sharding
 from .advantages import local_baseline_advantages
 from .agent_state import agent_views, load_entropy_states, same_generation_settings, save_entropy_states
 from .arguments import (
@@ -110,6 +110,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     - `log`: per-agent metrics under `agent_{i}/...`; the joint `reward` and `reward_std` at the top level.
     - `_save`, `_load_from_checkpoint`: one folder per agent, `agent_{i}/`, each loadable with `from_pretrained`.
     - `_save_checkpoint`, `_load_optimizer_and_scheduler`: atomic checkpoints; each agent's entropy controller.
+    - `push_to_hub`: every agent, one repo each (or one repo with `agent_i/` folders), each with its model card.
 
     Which of TRL's attributes are each agent's own is listed, with the reason, in `multiagent_trl.agent_state`.
 
@@ -737,6 +738,27 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if self.use_adaptive_entropy and checkpoint is not None:
             load_entropy_states(self._agent_views, checkpoint)
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        *,
+        repo_id: str | None = None,
+        single_repo: bool = False,
+        dataset_name: str | None = None,
+        tags: Sequence[str] = (),
+        **kwargs,
+    ) -> list[str]:
+        """Push every agent to the Hub, each with a model card (see `hub.push_team`): one repo per agent,
+        `<repo_id>-agent-{i}`, or with `single_repo=True` one repo `repo_id` with `agent_i/` folders. `repo_id`
+        defaults to `args.hub_model_id`, else the name of `output_dir`. Returns the repos' URLs. (Trainer's pushes one
+        folder to one repo; `blocking` is accepted for its signature, the uploads always finish before returning.)"""
+        message = commit_message or "End of training"
+        return hub.push_team(self, repo_id, single_repo, message, private, token, revision, dataset_name, tags)
 
 
 def _loss_parts(inputs: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:

@@ -1,0 +1,327 @@
+"""Pushing a trained team to the Hugging Face Hub: one repo per agent (or one repo with `agent_i/` folders), each
+agent with a model card that says which team it belongs to, its role, the joint reward, the config and its metrics.
+
+The trainer's `push_to_hub` calls `push_team`. Everything up to the upload is done by `write_team_folder`, which
+writes the folders exactly as they are uploaded (the agents' `save_model` folders plus their `README.md` cards), so
+that a test can read them without the network; the cards are built from plain data by `agent_card`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from huggingface_hub import ModelCard, ModelCardData
+
+if TYPE_CHECKING:
+    from .trainer import MultiAgentGRPOTrainer
+
+# The config fields a card shows: what a reader needs to know how the team was trained.
+CARD_FIELDS = (
+    "num_agents",
+    "joint_mode",
+    "num_turns",
+    "num_generations",
+    "learning_rate",
+    "agent_learning_rates",
+    "beta",
+    "temperature",
+    "max_completion_length",
+    "loss_type",
+    "scale_rewards",
+    "reward_weights",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "max_steps",
+    "seed",
+)
+
+
+def agent_repo_ids(base: str, num_agents: int) -> list[str]:
+    """One repo id per agent, named from the run's `base` name.
+
+    >>> agent_repo_ids("me/story-team", 2)
+    ['me/story-team-agent-0', 'me/story-team-agent-1']
+    """
+    return [f"{base}-agent-{i}" for i in range(num_agents)]
+
+
+def last_agent_metrics(log_history: Sequence[dict[str, Any]], agent: int) -> dict[str, float]:
+    """The last logged value of each metric under `agent_{agent}/` in a trainer's `state.log_history`.
+
+    >>> history = [{"agent_0/reward": 0.1, "loss": 1.0}, {"agent_0/reward": 0.5, "agent_1/reward": 0.2}]
+    >>> last_agent_metrics(history, 0)
+    {'agent_0/reward': 0.5}
+    """
+    prefix = f"agent_{agent}/"
+    metrics: dict[str, float] = {}
+    for entry in log_history:
+        metrics.update({k: v for k, v in entry.items() if k.startswith(prefix) and isinstance(v, (int, float))})
+    return metrics
+
+
+def card_config(args, agent: int) -> dict[str, Any]:
+    """The key `CARD_FIELDS` of a `MultiAgentGRPOConfig`, with agent `agent`'s value of each per-agent setting."""
+    from .config import AGENT_SETTINGS
+
+    values = {}
+    for name in CARD_FIELDS:
+        if not hasattr(args, name):
+            continue
+        value = args.agent_setting(name, agent) if name in AGENT_SETTINGS else getattr(args, name)
+        if name == "agent_learning_rates" and value is not None:
+            name, value = "learning_rate", value[agent]  # this agent's own
+        values[name] = value
+    return values
+
+
+def agent_card(
+    agent: int,
+    repo_ids: Sequence[str],
+    role: str,
+    reward_names: Sequence[str],
+    config: dict[str, Any],
+    metrics: dict[str, float],
+    base_model: str | None = None,
+    dataset_name: str | None = None,
+    tags: Sequence[str] = (),
+    subfolder: str | None = None,
+    adapter: bool = False,
+    run_links: dict[str, str] | None = None,
+) -> ModelCard:
+    """The model card of agent `agent` of a team whose agents live in `repo_ids` (one per agent).
+
+    Args:
+        agent: The agent's index.
+        repo_ids: Each agent's repo id (the same id for all with one repo for the team).
+        role: What the agent does in the team: its formatter's name and an example of its prompt.
+        reward_names: The joint reward functions' names (with their weights if any).
+        config: The training settings to show (`card_config`).
+        metrics: The agent's last logged training metrics (`last_agent_metrics`).
+        base_model: The Hub id the agent started from, if any (a local folder is not a Hub id).
+        dataset_name: The training dataset's Hub id or name, if any.
+        tags: More tags for the card's metadata.
+        subfolder: The agent's folder in its repo (`agent_i` with one repo for the team), or `None`.
+        adapter: Whether the agent is a LoRA adapter (loaded with `PeftModel.from_pretrained`).
+        run_links: The training run's pages by tracker (`{"Weights & Biases": url}`), as TRL's cards link them.
+
+    Returns:
+        A `huggingface_hub.ModelCard`; `str(card)` is the README.md text.
+    """
+    import transformers
+    import trl
+
+    from . import __version__
+
+    num_agents = len(repo_ids)
+    data = ModelCardData(
+        base_model=base_model,
+        datasets=[dataset_name] if dataset_name else None,
+        library_name="peft" if adapter else "transformers",
+        tags=sorted({"multiagent_trl", "trl", "grpo", "magrpo", f"agent-{agent}", *tags}),
+    )
+    team = "\n".join(
+        f"| {i} | [{repo}](https://huggingface.co/{repo}){' (this model)' if i == agent else ''} |"
+        for i, repo in enumerate(repo_ids)
+    )
+    if subfolder is not None:
+        team = "\n".join(
+            f"| {i} | [{repo}/agent_{i}](https://huggingface.co/{repo}/tree/main/agent_{i})"
+            f"{' (this model)' if i == agent else ''} |"
+            for i, repo in enumerate(repo_ids)
+        )
+    loader = "PeftModel.from_pretrained(base, " if adapter else "AutoModelForCausalLM.from_pretrained("
+    where = f'"{repo_ids[agent]}"' + (f', subfolder="{subfolder}"' if subfolder else "")
+    imports = "from peft import PeftModel" if adapter else "from transformers import AutoModelForCausalLM"
+    config_rows = "\n".join(f"| `{k}` | `{v}` |" for k, v in config.items())
+    metric_rows = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in metrics.items()) or "| (none logged) | |"
+    runs = "".join(f"\n\nTraining run: [{name}]({url})." for name, url in (run_links or {}).items())
+    body = f"""# Agent {agent} of a team of {num_agents}
+
+This model is agent {agent} of {num_agents} agents trained together with multiagent_trl (MAGRPO: GRPO on one joint
+reward, built on [TRL](https://github.com/huggingface/trl)). It was trained to cooperate with the other agents below:
+its rewards depend on their answers too.{runs}
+
+## Team
+
+| Agent | Repo |
+|---|---|
+{team}
+
+## Role
+
+{role}
+
+## Joint reward
+
+{", ".join(f"`{name}`" for name in reward_names)}
+
+## Training config
+
+| Field | Value |
+|---|---|
+{config_rows}
+
+## Training metrics (last logged, this agent)
+
+| Metric | Value |
+|---|---|
+{metric_rows}
+
+## Usage
+
+```python
+{imports}
+
+model = {loader}{where})
+```
+
+## Framework versions
+
+- multiagent_trl: {__version__}
+- TRL: {trl.__version__}
+- Transformers: {transformers.__version__}
+"""
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+
+
+def run_links() -> dict[str, str]:
+    """The current run's pages in the trackers that have one (W&B, Trackio, Comet), found as TRL's cards find them."""
+    from transformers import is_wandb_available
+    from trl.trainer.utils import get_comet_experiment_url, get_trackio_space_url
+
+    links = {}
+    if is_wandb_available():
+        import wandb
+
+        if wandb.run is not None and wandb.run.url:
+            links["Weights & Biases"] = wandb.run.url
+    for name, url in (("Trackio", get_trackio_space_url()), ("Comet", get_comet_experiment_url())):
+        if url:
+            links[name] = url
+    return links
+
+
+def agent_role(trainer: MultiAgentGRPOTrainer, agent: int) -> str:
+    """Agent `agent`'s role, in words: its formatter's name (if it has one) and its prompt for the first train row."""
+    from trl.trainer.utils import get_callable_name
+
+    formatter = trainer.formatters[agent] if trainer.formatters else None
+    row = trainer.train_dataset[0] if trainer.train_dataset is not None and len(trainer.train_dataset) else None
+    lines = [f"Formatter: `{get_callable_name(formatter)}`." if formatter else "No formatter: the dataset's prompt."]
+    if row is not None:
+        prompt = formatter(row) if formatter else row.get("prompt")
+        if prompt is not None:
+            lines.append(f"Example prompt (first training row):\n\n```text\n{prompt}\n```")
+    return "\n\n".join(lines)
+
+
+def write_team_folder(
+    trainer: MultiAgentGRPOTrainer,
+    folder: str,
+    repo_ids: Sequence[str],
+    single_repo: bool = False,
+    dataset_name: str | None = None,
+    tags: Sequence[str] = (),
+    save: bool = True,
+) -> list[tuple[str, str]]:
+    """Write the team to `folder` as it is uploaded, and return the uploads: `(repo id, local folder)` pairs.
+
+    Each agent goes to `folder/agent_{i}/` (`trainer.save_model(folder)`, skipped with `save=False`) with its
+    `README.md` card. With `single_repo`, `repo_ids` holds one id, `folder` holds a team `README.md` too, and the one
+    upload is `folder`'s `README.md` and `agent_*/` folders; otherwise one upload per agent folder.
+    """
+    from trl.trainer.utils import get_config_model_id
+
+    if save:
+        trainer.save_model(folder, _internal_call=True)  # not a push of its own with `args.push_to_hub`
+    num_agents = trainer.num_agents
+    ids = [repo_ids[0]] * num_agents if single_repo else list(repo_ids)
+    if len(ids) != num_agents:
+        raise ValueError(f"{len(ids)} repo ids for {num_agents} agents: give one per agent (or single_repo=True).")
+    models = trainer.model.models()
+    weights = trainer.reward_weights.tolist() if getattr(trainer, "reward_weights", None) is not None else None
+    names = list(trainer.reward_func_names)
+    if weights is not None and any(w != 1.0 for w in weights):
+        names = [f"{name} (weight {w:g})" for name, w in zip(names, weights)]
+    cards, links = [], run_links()
+    for i in range(num_agents):
+        agent_dir = os.path.join(folder, f"agent_{i}")
+        model = models[i] if len(models) > 1 else models[0]
+        base_model = get_config_model_id(model.config) or None
+        if base_model is not None and os.path.isdir(base_model):  # as TRL's cards: a local folder is no Hub id
+            base_model = None
+        card = agent_card(
+            i,
+            ids,
+            role=agent_role(trainer, i),
+            reward_names=names,
+            config=card_config(trainer.args, i),
+            metrics=last_agent_metrics(trainer.state.log_history, i),
+            base_model=base_model,
+            dataset_name=dataset_name,
+            tags=tags,
+            subfolder=f"agent_{i}" if single_repo else None,
+            adapter=os.path.exists(os.path.join(agent_dir, "adapter_config.json")),
+            run_links=links,
+        )
+        card.save(os.path.join(agent_dir, "README.md"))
+        cards.append(card)
+    if single_repo:
+        team_card = ModelCard(
+            f"---\n{cards[0].data.to_yaml()}\n---\n\n# A team of {num_agents} agents\n\n"
+            + "\n".join(f"- [`agent_{i}/`](agent_{i}/README.md)" for i in range(num_agents))
+            + "\n\nEach folder is one agent, with its own model card.\n"
+        )
+        team_card.save(os.path.join(folder, "README.md"))
+        return [(ids[0], folder)]
+    return [(ids[i], os.path.join(folder, f"agent_{i}")) for i in range(num_agents)]
+
+
+def push_team(
+    trainer: MultiAgentGRPOTrainer,
+    repo_id: str | None = None,
+    single_repo: bool = False,
+    commit_message: str = "End of training",
+    private: bool | None = None,
+    token: str | None = None,
+    revision: str | None = None,
+    dataset_name: str | None = None,
+    tags: Sequence[str] = (),
+) -> list[str]:
+    """Save the team and push it to the Hub: one repo per agent (`<repo_id>-agent-{i}`) or, with `single_repo`, one
+    repo `repo_id` with `agent_i/` folders. Returns the repos' URLs (an empty list on processes other than the main
+    one).
+
+    `repo_id` defaults to `args.hub_model_id`, else the name of `args.output_dir`; without a namespace the repos go
+    to the token's user. Every process must call this (saving may need all of them); only the main one uploads.
+    """
+    from huggingface_hub import HfApi
+
+    args = trainer.args
+    base = repo_id or args.hub_model_id or Path(args.output_dir).name
+    token = token if token is not None else args.hub_token
+    private = private if private is not None else args.hub_private_repo
+    trainer.save_model(args.output_dir, _internal_call=True)  # Trainer.save_model would push with args.push_to_hub
+    if not trainer.is_world_process_zero():
+        return []
+    api = HfApi(token=token)
+    names = [base] if single_repo else agent_repo_ids(base, trainer.num_agents)
+    # Created first: the Hub resolves the namespace, and the cards link the agents by their full ids.
+    ids = [api.create_repo(name, private=private, exist_ok=True).repo_id for name in names]
+    uploads = write_team_folder(trainer, args.output_dir, ids, single_repo, dataset_name, tags, save=False)
+    urls = []
+    for repo, path in uploads:
+        patterns = ["README.md", "agent_*/**"] if single_repo else None
+        api.upload_folder(
+            repo_id=repo,
+            folder_path=path,
+            commit_message=commit_message,
+            revision=revision if revision is not None else args.hub_revision,
+            allow_patterns=patterns,
+        )
+        urls.append(f"https://huggingface.co/{repo}")
+    return urls

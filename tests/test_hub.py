@@ -1,0 +1,139 @@
+"""Pushing a team to the Hub, offline: the folders and model cards exactly as `push_team` uploads them.
+
+`hub.write_team_folder` is what `push_to_hub` calls before `huggingface_hub`'s upload (not called here); the cards
+must name the team, the agent's role, the joint reward, the config and the agent's own metrics, and each folder must
+load with `from_pretrained`.
+"""
+
+import pytest
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from multiagent_trl import MultiAgentGRPOTrainer
+from multiagent_trl.hub import agent_card, agent_repo_ids, last_agent_metrics, write_team_folder
+
+from .conftest import length_ratio, lora_config, small_args
+
+
+def planner(row):
+    return f"Plan: {row['prompt']}"
+
+
+def writer(row):
+    return f"Write: {row['prompt']}"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_path):
+    """A team of two trained one step, with a formatter each (their roles)."""
+    from datasets import Dataset
+
+    tmp = tmp_path_factory.mktemp("hub")
+    dataset = Dataset.from_dict({"prompt": ["a story", "a poem", "a joke", "a song"]})
+    args = small_args(tmp, num_agents=2, max_steps=1, per_device_train_batch_size=4, num_generations=2,
+                      temperature=[0.7, 1.0])  # fmt: skip
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path, reward_funcs=length_ratio, args=args, train_dataset=dataset, formatters=[planner, writer]
+    )
+    trainer.train()
+    return trainer, tmp
+
+
+@pytest.mark.parametrize("single_repo", [False, True])
+def test_team_folder_and_cards(trained, tmp_path, single_repo):
+    trainer, _ = trained
+    ids = ["me/team"] if single_repo else agent_repo_ids("me/team", 2)
+    uploads = write_team_folder(trainer, str(tmp_path), ids, single_repo=single_repo, dataset_name="local/prompts")
+    if single_repo:
+        assert uploads == [("me/team", str(tmp_path))]
+        assert "agent_0/" in (tmp_path / "README.md").read_text()
+    else:
+        assert uploads == [(ids[i], str(tmp_path / f"agent_{i}")) for i in range(2)]
+    for i, role, temperature in ((0, "planner", 0.7), (1, "writer", 1.0)):
+        folder = tmp_path / f"agent_{i}"
+        card = (folder / "README.md").read_text()
+        assert f"# Agent {i} of a team of 2" in card
+        # The team: every agent's repo (or folder), this one marked.
+        for j in range(2):
+            link = f"me/team/agent_{j}" if single_repo else f"me/team-agent-{j}"
+            assert link in card
+        assert "(this model)" in card.split(f"| {i} |")[1].split("\n")[0]
+        # The role: its formatter and its prompt for the first row.
+        assert f"Formatter: `{role}`" in card
+        assert ("Plan: a story" if i == 0 else "Write: a story") in card
+        # The joint reward, the config (this agent's own temperature) and this agent's metrics only.
+        assert "`length_ratio`" in card
+        assert "| `num_agents` | `2` |" in card and f"| `temperature` | `{temperature}` |" in card
+        assert f"`agent_{i}/reward`" in card and f"agent_{1 - i}/" not in card
+        assert "datasets:\n- local/prompts" in card and f"agent-{i}" in card
+        # The folder as uploaded loads as a model.
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        AutoTokenizer.from_pretrained(folder)
+        assert model.num_parameters() > 0
+
+
+def test_lora_team_cards_say_adapter(tmp_path, tiny_path, prompts_dataset):
+    args = small_args(tmp_path, num_agents=2, max_steps=1, per_device_train_batch_size=4, num_generations=2)
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path, reward_funcs=length_ratio, args=args, train_dataset=prompts_dataset, peft_config=lora_config()
+    )
+    trainer.train()
+    write_team_folder(trainer, str(tmp_path / "hub"), agent_repo_ids("me/lora", 2))
+    for i in range(2):
+        folder = tmp_path / "hub" / f"agent_{i}"
+        card = (folder / "README.md").read_text()
+        assert "library_name: peft" in card and "PeftModel.from_pretrained(base, " in card
+        assert "No formatter: the dataset's prompt." in card
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), folder)
+        assert isinstance(model, PeftModel)
+
+
+def test_last_agent_metrics_and_card_from_plain_data():
+    history = [{"agent_1/reward": 0.1, "agent_1/loss": 2.0}, {"agent_1/reward": 0.75, "epoch": 1}]
+    metrics = last_agent_metrics(history, 1)
+    assert metrics == {"agent_1/reward": 0.75, "agent_1/loss": 2.0}
+    card = str(
+        agent_card(
+            1,
+            ["u/t-agent-0", "u/t-agent-1"],
+            role="Formatter: `critic`.",
+            reward_names=["accuracy (weight 2)", "brevity"],
+            config={"joint_mode": "cross"},
+            metrics=metrics,
+            base_model="Qwen/Qwen2.5-0.5B",
+            run_links={"Weights & Biases": "https://wandb.ai/me/team/runs/1"},
+        )
+    )
+    assert card.startswith("---\nbase_model: Qwen/Qwen2.5-0.5B\n")
+    assert "| 1 | [u/t-agent-1](https://huggingface.co/u/t-agent-1) (this model) |" in card
+    assert "| 0 | [u/t-agent-0](https://huggingface.co/u/t-agent-0) |" in card
+    assert "`accuracy (weight 2)`, `brevity`" in card and "| `joint_mode` | `cross` |" in card
+    assert "Training run: [Weights & Biases](https://wandb.ai/me/team/runs/1)." in card
+    assert "| `agent_1/reward` | 0.75 |" in card and 'from_pretrained("u/t-agent-1")' in card
+
+
+def test_push_to_hub_is_the_team_push(monkeypatch, trained):
+    """`trainer.push_to_hub` creates one repo per agent and uploads each agent folder (the Hub client is faked)."""
+    trainer, _ = trained
+    calls = []
+
+    class FakeApi:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, name, private=None, exist_ok=False):
+            calls.append(("create", name))
+            return type("RepoUrl", (), {"repo_id": name if "/" in name else f"user/{name}"})()
+
+        def upload_folder(self, repo_id, folder_path, **kwargs):
+            calls.append(("upload", repo_id, folder_path.rsplit("/", 1)[-1]))
+
+    monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
+    urls = trainer.push_to_hub(repo_id="story", dataset_name="local/prompts")
+    assert urls == ["https://huggingface.co/user/story-agent-0", "https://huggingface.co/user/story-agent-1"]
+    assert calls == [
+        ("create", "story-agent-0"),
+        ("create", "story-agent-1"),
+        ("upload", "user/story-agent-0", "agent_0"),
+        ("upload", "user/story-agent-1", "agent_1"),
+    ]
