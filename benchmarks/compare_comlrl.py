@@ -19,7 +19,11 @@ ratio; both libraries play CoMLRL's tree with no early termination, so they trai
 and the times:
 
     HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --num-turns 2 \
-        --num-generations 4 --epochs 6 --seeds 0 1 --advantage-modes mean
+        --num-generations 4 --epochs 6 --seeds 0 1 --advantage-modes mean \
+        --json-out results.json --figure docs/figures/comlrl-multiturn.png
+
+`--figure PATH` draws the joint reward against the samples seen, per library and turn (benchmarks/figures.py, which
+also redraws it from the `--json-out` file: `python benchmarks/figures.py comlrl results.json PATH`).
 
 `--jobs` runs (default 2) train at once, each with `--threads` torch threads (default: CPU count / jobs), CoMLRL's
 (the slower) first. On a shared machine wall times vary with the load; the CPU time of each run varies less.
@@ -178,6 +182,13 @@ class Settings:
         default=90.0, metadata={"help": "Report the samples needed for a bin mean reward of at least this."}
     )
     json_out: str | None = field(default=None, metadata={"help": "Also write curves and summary to this JSON file."})
+    figure: str | None = field(
+        default=None,
+        metadata={
+            "help": "Also draw the joint reward vs samples seen to this PNG (benchmarks/figures.py; `python "
+            "benchmarks/figures.py comlrl RESULTS.json PNG` redraws it from --json-out's file)."
+        },
+    )
 
     @property
     def samples_per_step(self) -> int:
@@ -567,9 +578,15 @@ def run_driver(settings: Settings) -> None:
                         flush=True,
                     )
             reports[mode] = print_report(curves, results, settings, mode)
+    saved = json.dumps({"settings": asdict(settings), "num_prompts": len(TRAIN_PROMPTS), "modes": reports}, indent=1)
     if settings.json_out:
-        Path(settings.json_out).write_text(json.dumps({"settings": asdict(settings), "modes": reports}, indent=1))
+        Path(settings.json_out).write_text(saved)
         print(f"Results written to {settings.json_out}")
+    if settings.figure:
+        from figures import comlrl_figure  # benchmarks/figures.py, beside this script
+
+        # Drawn from the JSON text, so that the figure is the one `figures.py` redraws from the saved file.
+        print(f"Figure written to {comlrl_figure(json.loads(saved), settings.figure)}")
 
 
 # ----------------------------------------------------------------------------------------------------------- flags
@@ -579,7 +596,7 @@ def settings_to_flags(settings: Settings) -> list[str]:
     """The shared flags, to hand the same settings to a worker."""
     flags = []
     for key, value in asdict(settings).items():
-        if key in ("seeds", "json_out", "comlrl_python", "jobs", "advantage_modes"):
+        if key in ("seeds", "json_out", "figure", "comlrl_python", "jobs", "advantage_modes"):
             continue
         flags += [f"--{key.replace('_', '-')}", str(value)]
     return flags

@@ -2,6 +2,7 @@
 
     python benchmarks/vs_trl.py                    # prints the table (about 6 minutes on 2 CPU cores)
     python benchmarks/vs_trl.py --update-docs      # also rewrites the docs/benchmarks.md table between its markers
+                                                   # and draws its figure, docs/figures/vs-trl.png
 
 What is compared, for N = 2 agents, on two models built in code (`multiagent_trl.testing.tiny_model_path`): "tiny"
 (about 90k parameters, where per-step overhead shows) and "bench-4m" (about 4M, where matrix work dominates):
@@ -79,6 +80,7 @@ PROMPTS_PER_STEP = 2
 NUM_GENERATIONS = 4
 MAX_COMPLETION_LENGTH = 16
 DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+DOCS_FIGURE = DOCS_PAGE.parent / "figures" / "vs-trl.png"
 MARKERS = ("<!-- bench:vs_trl start -->", "<!-- bench:vs_trl end -->")
 
 
@@ -102,7 +104,10 @@ class Arguments:
     memory_steps: int = field(default=2, metadata={"help": "Steps of each memory run."})
     threads: int = field(default_factory=os.cpu_count, metadata={"help": "torch threads, in every process."})
     no_memory: bool = field(default=False, metadata={"help": "Skip the memory subprocesses."})
-    update_docs: bool = field(default=False, metadata={"help": "Rewrite docs/benchmarks.md's table with this run."})
+    update_docs: bool = field(
+        default=False,
+        metadata={"help": "Rewrite docs/benchmarks.md's table with this run and draw docs/figures/vs-trl.png."},
+    )
     output_dir: str = field(default="/tmp/multiagent_trl_bench_vs_trl", metadata={"help": "Where the trainers write."})
     # Internal: one memory setup in its own process (peak RSS is per process): SETUP SIZE KIND.
     worker: list[str] | None = field(default=None, metadata={"metavar": "SETUP SIZE KIND", "help": argparse.SUPPRESS})
@@ -440,8 +445,11 @@ def main() -> None:
         )
     print(f"\ntotal {seconds:.0f} s")
     if args.update_docs:
+        from figures import vs_trl_figure  # benchmarks/figures.py, beside this script
+
         update_docs(docs_block(results, args, seconds))
-        print(f"updated {DOCS_PAGE}")
+        vs_trl_figure(results, DOCS_FIGURE, num_agents=NUM_AGENTS)
+        print(f"updated {DOCS_PAGE} and {DOCS_FIGURE}")
 
 
 if __name__ == "__main__":
