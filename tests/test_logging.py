@@ -1,5 +1,6 @@
 """wandb (offline) records a run with the joint and per-agent metrics; saving does not end the run."""
 
+import pytest
 import wandb
 
 from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, MultiAgentGRPOTrainer
@@ -51,3 +52,40 @@ def test_magrpo_training_logs_comlrls_turn_names_and_each_agents_metrics(tmp_pat
     for i in range(2):
         for key in ("loss", "grad_norm", "completions/mean_length", "kl"):
             assert f"agent_{i}/{key}" in logs, f"agent_{i}/{key}"
+
+
+def test_trackio_local_run_has_per_agent_series(tmp_path, monkeypatch, tiny_path, prompts_dataset):
+    """`report_to="trackio"` (transformers' TrackioCallback, local mode: a SQLite file per project under TRACKIO_DIR,
+    no Space, no network) stores the joint and the per-agent series, one point per logged step, as wandb does."""
+    # trackio reads TRACKIO_DIR once, when it is first imported (here, unless another test imported it before): set it
+    # first, and point the storage module at tmp_path as well in case trackio was already imported.
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    pytest.importorskip("trackio", reason="trackio is not installed (pip install trackio); it is not in the dev extra")
+    from trackio import sqlite_storage
+
+    monkeypatch.setattr(sqlite_storage, "TRACKIO_DIR", tmp_path / "trackio")
+    for name in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "TRACKIO_BUCKET_ID", "TRACKIO_DATASET_ID"):
+        monkeypatch.delenv(name, raising=False)
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_ratio,
+        args=small_args(
+            tmp_path, num_agents=2, report_to="trackio", project="multiagent-trl-tests", run_name="team-of-two"
+        ),
+        train_dataset=prompts_dataset,
+    )
+    trainer.train()
+    database = sqlite_storage.SQLiteStorage.get_project_db_path("multiagent-trl-tests")
+    assert database.is_relative_to(tmp_path) and database.exists()
+    logs = sqlite_storage.SQLiteStorage.get_logs("multiagent-trl-tests", "team-of-two")
+    keys = (
+        "train/agent_0/loss",
+        "train/agent_1/loss",
+        "train/agent_0/completions/mean_length",
+        "train/agent_1/entropy",
+    )
+    for key in ("train/reward", *keys):
+        series = [(entry["step"], entry[key]) for entry in logs if key in entry]
+        assert [step for step, _ in series] == [1, 2], (key, series)
+    rewards = [entry["train/reward"] for entry in logs if "train/reward" in entry]
+    assert rewards == [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
