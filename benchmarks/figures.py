@@ -151,7 +151,7 @@ def vs_trl_figure(rows: list[dict], path: str | Path, num_agents: int = 2) -> Pa
     ax.set_xlabel("seconds per step (median)")
     ax.set_xlim(0, max(trl + team) * 1.12)
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(loc="center right", fontsize=8)  # the bars are short there
+    figure.legend(loc="outside lower center", ncols=2, fontsize=8, frameon=False)
     figure.suptitle("Step time, team vs one TRL GRPOTrainer per agent (label: team / TRL)", fontsize=10)
     return _save(figure, path)
 
