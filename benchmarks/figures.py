@@ -85,7 +85,8 @@ def comlrl_figure(results: dict, path: str | Path) -> Path:
     axes[0].set_ylabel("joint reward (x100)")
     axes[0].legend(loc="lower right", fontsize=8)
     seeds = results["settings"].get("seeds", [])
-    figure.suptitle(f"Joint reward, mean of {len(seeds)} seeds (band: min to max)", fontsize=10)
+    runs = f"mean of {len(seeds)} seeds (band: min to max)" if len(seeds) > 1 else f"seed {seeds[0]}" if seeds else ""
+    figure.suptitle(f"Joint reward, {runs}", fontsize=10)
     return _save(figure, path)
 
 
