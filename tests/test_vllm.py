@@ -9,6 +9,7 @@ The tests skip when vLLM is not installed, and fail instead with `MULTIAGENT_TRL
 """
 
 import importlib.util
+import inspect
 import os
 
 # vLLM's CPU build: a 1 GiB KV cache (unset, it takes most of the machine's memory), the in-process engine, no core
@@ -60,6 +61,7 @@ def vllm_args(tmp_path, **overrides):
         logging_steps=1,
         report_to="none",
         save_strategy="no",
+        eval_do_sample=False,
         bf16=False,
         seed=3,
     )
@@ -142,6 +144,9 @@ def test_vllm_team_generates_trains_and_syncs(vllm_available, tmp_path, kind):
     after = check_greedy(trainer)  # the trainer's sync sent every agent's update to the engine
     assert any(a != b for a, b in zip(after, before)), "training changed no agent's greedy tokens: nothing to sync"
 
+    metrics = trainer.evaluate(Dataset.from_dict({"prompt": PROMPTS * 2}))  # greedy: eval_do_sample=False
+    assert "eval_reward" in metrics
+
 
 def echo_transition(row, histories, turn):
     """Each agent's next prompt: the task and its own last completion."""
@@ -197,3 +202,38 @@ def test_more_agents_than_max_loras_raises(vllm_available, tmp_path):
             train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
             peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"]),
         )
+
+
+def test_vllm_tool_calls_run_per_agent(vllm_available, tmp_path):
+    """TRL's tool-calling loop with a team on vLLM: each agent's calls go to the engine one agent at a time, with the
+    tool results in the prompt; each agent calls its own tool (a tiny model fine-tuned to call them)."""
+    from multiagent_trl.tool_testing import CALCULATOR_QUESTIONS, LOOKUP_QUESTIONS, add, capital, tiny_tool_caller_path
+
+    calls = [[], []]
+
+    def recording(tool, log):
+        def wrapper(**kwargs):
+            log.append(kwargs)
+            return tool(**kwargs)
+
+        wrapper.__name__, wrapper.__doc__, wrapper.__annotations__ = tool.__name__, tool.__doc__, tool.__annotations__
+        wrapper.__signature__ = inspect.signature(tool)
+        return wrapper
+
+    model = tiny_tool_caller_path(hidden_size=128)
+    trainer = MultiAgentGRPOTrainer(
+        model=[model, model],
+        reward_funcs=lambda prompts, completions, **kwargs: [1.0] * len(completions),
+        args=vllm_args(tmp_path, max_completion_length=160, temperature=0.3, max_steps=1),
+        train_dataset=Dataset.from_dict({"index": list(range(len(CALCULATOR_QUESTIONS)))}),
+        formatters=[
+            lambda row: [{"role": "user", "content": CALCULATOR_QUESTIONS[row["index"]][0]}],
+            lambda row: [{"role": "user", "content": LOOKUP_QUESTIONS[row["index"]][0]}],
+        ],
+        tools=[[recording(add, calls[0])], [recording(capital, calls[1])]],
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert calls[0] and calls[1], "no agent called its tool through the engine"
+    assert all(c in [a for _, a in CALCULATOR_QUESTIONS] for c in calls[0]), calls[0]
+    assert all(c in [a for _, a in LOOKUP_QUESTIONS] for c in calls[1]), calls[1]
