@@ -21,6 +21,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,12 +101,24 @@ def head_sizes(config) -> set[int]:
 def check_team(team: AgentTeam, args) -> None:
     """Raise, before any engine starts, for a team or settings vLLM cannot serve: a head size the CPU backend lacks,
     more agents than `vllm_max_loras`, adapters vLLM cannot load, separate agents that are PEFT models, several
-    processes, FSDP or DeepSpeed."""
+    processes, FSDP or DeepSpeed, and TRL's vLLM settings the team's engines do not honour yet (tensor parallelism,
+    sleep mode, structured outputs)."""
     if args.world_size > 1:
         raise NotImplementedError(
             "`use_vllm=True` runs one in-process engine in a single process for now; several processes "
             f"(world size {args.world_size}) are not supported yet. Launch one process, or set `use_vllm=False`."
         )
+    unsupported = {
+        "vllm_tensor_parallel_size": args.vllm_tensor_parallel_size != 1,
+        "vllm_enable_sleep_mode": bool(args.vllm_enable_sleep_mode),
+        "vllm_structured_outputs_regex": args.vllm_structured_outputs_regex is not None,
+    }
+    for name, set_ in unsupported.items():
+        if set_:
+            raise NotImplementedError(
+                f"`{name}` is not supported by the team's vLLM engines yet: leave it at its default "
+                f"({name}={getattr(type(args), name, None)!r} in GRPOConfig), or set `use_vllm=False`."
+            )
     if args.fsdp or args.deepspeed:
         raise NotImplementedError(
             "`use_vllm=True` with FSDP or DeepSpeed is not supported yet (the engine syncs from unsharded weights). "
@@ -161,6 +174,7 @@ class TeamEngine:
         self.team = team
         self.seed = args.seed
         self._folder = tempfile.mkdtemp(prefix="multiagent-trl-vllm-")
+        weakref.finalize(self, shutil.rmtree, self._folder, True)  # the weights and adapters the engines load
         self._requests = 0
         lora = isinstance(team, LoraAgentTeam)
         models = team.models()  # one base for a LoRA team, else one model per agent

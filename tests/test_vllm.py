@@ -237,3 +237,48 @@ def test_vllm_tool_calls_run_per_agent(vllm_available, tmp_path):
     assert calls[0] and calls[1], "no agent called its tool through the engine"
     assert all(c in [a for _, a in CALCULATOR_QUESTIONS] for c in calls[0]), calls[0]
     assert all(c in [a for _, a in LOOKUP_QUESTIONS] for c in calls[1]), calls[1]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [dict(vllm_tensor_parallel_size=2), dict(vllm_enable_sleep_mode=True), dict(vllm_structured_outputs_regex="a+")],
+    ids=lambda setting: next(iter(setting)),
+)
+def test_vllm_settings_not_honoured_yet_raise(vllm_available, tmp_path, setting):
+    with pytest.raises(NotImplementedError, match=next(iter(setting))):
+        MultiAgentGRPOTrainer(
+            model=tiny_model_path("tiny-vllm"),
+            reward_funcs=length_ratio,
+            args=vllm_args(tmp_path, **setting),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        )
+
+
+def test_vllm_resume_syncs_the_checkpoint(vllm_available, tmp_path):
+    """A run resumed from a checkpoint generates from the checkpoint's adapters: its engine started from fresh ones,
+    and the first generation after loading syncs it (vLLM's log-probs then match the resumed model's)."""
+    dataset = Dataset.from_dict({"prompt": PROMPTS * 4})
+    settings = dict(max_steps=2, save_strategy="steps", save_steps=2)
+    first = MultiAgentGRPOTrainer(
+        model=tiny_model_path("tiny-vllm"),
+        reward_funcs=length_ratio,
+        args=vllm_args(tmp_path, **settings),
+        train_dataset=dataset,
+        **TEAMS["lora"],
+    )
+    first.train()
+    trained = check_greedy(first)
+    resumed = MultiAgentGRPOTrainer(
+        model=tiny_model_path("tiny-vllm"),
+        reward_funcs=length_ratio,
+        args=vllm_args(tmp_path, **{**settings, "max_steps": 3}),
+        train_dataset=dataset,
+        **TEAMS["lora"],
+    )
+    assert check_greedy(resumed) != trained  # premise: the checkpoint's adapters generate differently from fresh ones
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert resumed.state.global_step == 3
+    step = next(entry for entry in resumed.state.log_history if entry.get("step") == 3 and "loss" in entry)
+    for i in range(2):
+        assert step[f"agent_{i}/sampling/sampling_logp_difference/max"] < 1e-3
+    check_greedy(resumed)
