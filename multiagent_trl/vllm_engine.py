@@ -10,6 +10,9 @@
   linear layers repack their weights for oneDNN after loading and leave a parameter without `weight_loader`;
   `reload_weights` re-runs that packing. Each engine gets `vllm_gpu_memory_utilization / N` of the device.
 
+Under `accelerate launch` each process runs its own engines on its own rows, inside the launch's process group
+(vLLM's `external_launcher`, as TRL's colocate mode; no tensor parallelism yet).
+
 The trainer tokenizes, calls `TeamEngine.generate` with one list of prompts and one `AgentSampling` per agent, and
 calls `TeamEngine.sync` when the weights changed. Nothing here imports vLLM until an engine starts
 (`check_vllm_installed` only looks for the package), so the library imports and runs without it.
@@ -100,14 +103,9 @@ def head_sizes(config) -> set[int]:
 
 def check_team(team: AgentTeam, args) -> None:
     """Raise, before any engine starts, for a team or settings vLLM cannot serve: a head size the CPU backend lacks,
-    more agents than `vllm_max_loras`, adapters vLLM cannot load, separate agents that are PEFT models, several
-    processes, FSDP or DeepSpeed, and TRL's vLLM settings the team's engines do not honour yet (tensor parallelism,
+    more agents than `vllm_max_loras`, adapters vLLM cannot load, separate agents that are PEFT models, FSDP or
+    DeepSpeed, and TRL's vLLM settings the team's engines do not honour yet (tensor parallelism,
     sleep mode, structured outputs)."""
-    if args.world_size > 1:
-        raise NotImplementedError(
-            "`use_vllm=True` runs one in-process engine in a single process for now; several processes "
-            f"(world size {args.world_size}) are not supported yet. Launch one process, or set `use_vllm=False`."
-        )
     unsupported = {
         "vllm_tensor_parallel_size": args.vllm_tensor_parallel_size != 1,
         "vllm_enable_sleep_mode": bool(args.vllm_enable_sleep_mode),
@@ -172,7 +170,7 @@ class TeamEngine:
         check_vllm_installed()
         check_team(team, args)
         self.team = team
-        self.seed = args.seed
+        self.seed = args.seed + 7919 * args.process_index  # each process samples its own rows
         self._folder = tempfile.mkdtemp(prefix="multiagent-trl-vllm-")
         weakref.finalize(self, shutil.rmtree, self._folder, True)  # the weights and adapters the engines load
         self._requests = 0
@@ -187,11 +185,15 @@ class TeamEngine:
                 model=path,
                 gpu_memory_utilization=memory,
                 max_model_len=args.vllm_max_model_length,
-                seed=args.seed + k,
+                seed=self.seed + k,
                 dtype=_dtype(model),
                 logprobs_mode="processed_logprobs",  # log-probs after temperature, as TRL's correction needs
                 enable_sleep_mode=False,
             )
+            if args.world_size > 1:
+                # Each process runs its own engine on its own rows (no tensor parallelism), inside the launch's
+                # process group, as TRL's colocate mode does.
+                settings["distributed_executor_backend"] = "external_launcher"
             if lora:
                 ranks = [cfg.r for name, cfg in model.peft_config.items() if name in team.adapter_names]
                 settings.update(
@@ -303,9 +305,20 @@ def _base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _save_base(model: nn.Module, processing_class, path: str) -> None:
-    """Save the weights an engine starts from (the base of a PEFT model) with the tokenizer, as a model folder."""
+    """Write the weights an engine starts from (the base of a PEFT model), its config and the tokenizer, as a model
+    folder. Written directly: transformers' `save_pretrained` writes on rank 0 only in a distributed run, and each
+    process's engine reads its own folder."""
+    from safetensors.torch import save_file
+
     base = model.get_base_model() if isinstance(model, PeftModel) else model
-    base.save_pretrained(path, state_dict=_base_state_dict(model))
+    os.makedirs(path, exist_ok=True)
+    state = _base_state_dict(model)
+    if getattr(base.config.get_text_config(), "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # the embedding's; safetensors refuses tensors that share memory
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in state.items()}
+    save_file(state, os.path.join(path, "model.safetensors"))
+    base.config.save_pretrained(path)
+    base.generation_config.save_pretrained(path)
     if processing_class is not None:
         processing_class.save_pretrained(path)
 

@@ -10,7 +10,11 @@ The tests skip when vLLM is not installed, and fail instead with `MULTIAGENT_TRL
 
 import importlib.util
 import inspect
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 # vLLM's CPU build: a 1 GiB KV cache (unset, it takes most of the machine's memory), the in-process engine, no core
 # pinning on a shared machine. Read by vLLM when an engine starts.
@@ -282,3 +286,20 @@ def test_vllm_resume_syncs_the_checkpoint(vllm_available, tmp_path):
     for i in range(2):
         assert step[f"agent_{i}/sampling/sampling_logp_difference/max"] < 1e-3
     check_greedy(resumed)
+
+
+@pytest.mark.parametrize("kind", sorted(TEAMS))
+def test_vllm_two_processes(vllm_available, tmp_path, kind):
+    """`accelerate launch --num_processes 2` (gloo on the CPU): each process runs its own engines on its rows, inside
+    the launch's process group, and syncs them after every step."""
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(Path(__file__).parent / "scripts" / "ddp_vllm_team.py"), str(tmp_path), kind]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in range(2):
+        outcome = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert outcome["world"] == 2 and outcome["steps"] == 2
+        for i, differences in enumerate(outcome["diffs"]):
+            assert len(differences) == 2 and max(differences) < 1e-3, (rank, i, differences)
