@@ -116,19 +116,20 @@ SHARED: dict[str, str] = {
     "continuous_batching_config": "the paged path's settings (sized per call on CPU: `generation`)",
 }
 
-# Features that a team rejects at construction (`MultiAgentGRPOTrainer` raises for N > 1): TRL's values are kept
-# for a team of one.
+# TRL's single-policy vLLM backend, which a team never builds (TRL is set up with `use_vllm=False`): the team's
+# engines and their sync are `vllm_engine.TeamEngine`'s. The trainer turns `use_vllm` on only around TRL's scoring
+# and loss, so that TRL's importance-sampling correction (read from the config's fields) runs for each agent.
 UNUSED_BY_TEAMS: dict[str, str] = {
-    "use_vllm": "vLLM",
-    "vllm_generation": "vLLM",
-    "vllm_mode": "vLLM",
-    "vllm_gpu_memory_utilization": "vLLM",
-    "vllm_tensor_parallel_size": "vLLM",
-    "vllm_importance_sampling_correction": "vLLM",
-    "vllm_importance_sampling_mode": "vLLM",
-    "vllm_importance_sampling_clip_max": "vLLM",
-    "vllm_importance_sampling_clip_min": "vLLM",
-    "_last_loaded_step": "vLLM weight sync",
+    "use_vllm": "vLLM (the team's engines: vllm_engine)",
+    "vllm_generation": "vLLM (the team's engines: vllm_engine)",
+    "vllm_mode": "vLLM (the team's engines: vllm_engine)",
+    "vllm_gpu_memory_utilization": "vLLM (the team's engines: vllm_engine)",
+    "vllm_tensor_parallel_size": "vLLM (the team's engines: vllm_engine)",
+    "vllm_importance_sampling_correction": "vLLM importance sampling, the same for every agent",
+    "vllm_importance_sampling_mode": "vLLM importance sampling, the same for every agent",
+    "vllm_importance_sampling_clip_max": "vLLM importance sampling, the same for every agent",
+    "vllm_importance_sampling_clip_min": "vLLM importance sampling, the same for every agent",
+    "_last_loaded_step": "vLLM weight sync (the team's: trainer._vllm_step)",
 }
 
 # PER_AGENT attributes that every agent starts with empty (or at their initial value), agent 0 included: the

@@ -109,6 +109,14 @@ class MultiAgentGRPOConfig(GRPOConfig):
         reference_devices (`list[str]` or `None`, *optional*, defaults to `None`):
             With `agent_devices` and `beta != 0`: one device per agent's reference model; `None` puts each on its
             agent's device.
+        vllm_max_loras (`int` or `None`, *optional*, defaults to `None`):
+            With `use_vllm=True` and a LoRA team: how many adapters the team's one engine holds at once; at least
+            `num_agents` (every agent's adapter serves in each generation call). `None` uses `num_agents`.
+
+            vLLM (`use_vllm=True`, `vllm_mode="colocate"`; see `multiagent_trl.vllm_engine`): a LoRA team runs one
+            engine on its shared base with one adapter per agent, synced adapter-only after each update; separate
+            models run one engine each, and each engine gets `vllm_gpu_memory_utilization / num_agents` of the
+            device (raise `vllm_gpu_memory_utilization` for the team's total share). `vllm_mode="server"` raises.
         compile_generation (`bool`, *optional*, defaults to `False`):
             Decode with a static KV cache (`cache_implementation="static"`) and a `torch.compile`d decoding step, on
             every device (TRL builds its generation config with compilation off). Each agent's model is compiled once,
@@ -267,6 +275,13 @@ class MultiAgentGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "With agent_devices: one device per agent's reference model; None: the agent's."},
     )
+    vllm_max_loras: int | None = field(
+        default=None,
+        metadata={
+            "help": "With use_vllm and a LoRA team: adapters the one engine holds at once, at least num_agents. "
+            "None: num_agents."
+        },
+    )
 
     def __post_init__(self):
         self._normalize_agent_settings()
@@ -346,10 +361,14 @@ class MultiAgentGRPOConfig(GRPOConfig):
                     f"({self.num_generations})."
                 )
         if self.use_vllm:
-            raise NotImplementedError(
-                "`use_vllm=True` is not supported by MultiAgentGRPOTrainer yet: generation runs through transformers. "
-                "Set `use_vllm=False`."
-            )
+            if self.vllm_mode != "colocate":
+                raise NotImplementedError(
+                    f"`vllm_mode={self.vllm_mode!r}` is not supported for teams yet; `vllm_mode='colocate'` is (an "
+                    "in-process engine: one for a LoRA team's shared base, one per agent for separate models)."
+                )
+            from .vllm_engine import check_vllm_installed  # this module imports vLLM only when an engine starts
+
+            check_vllm_installed()
         if self.compile_generation_kwargs is not None and not self.compile_generation:
             raise ValueError("`compile_generation_kwargs` applies with `compile_generation=True` only: set it too.")
         if self.compile_generation and self.cache_implementation not in (None, "static"):

