@@ -66,10 +66,6 @@ class Rollout:
         tool_mask = [mask if k else [0] * len(mask) for mask, k in zip(own, keep, strict=True)]
         return dataclasses.replace(self, tool_mask=tool_mask)
 
-    def select(self, rows: list[int]) -> Rollout:
-        """The rollout of `rows` (indices, repeats allowed), in that order."""
-        return Rollout.concat([self], rows)
-
     @staticmethod
     def concat(rollouts: list[Rollout], rows: list[int] | None = None) -> Rollout:
         """The rollouts one after the other (one agent's turns), optionally only `rows` of the result. Per-row fields

@@ -1,3 +1,4 @@
+import inspect
 import os
 
 import pytest
@@ -33,6 +34,18 @@ def length_ratio(completions1, completions2):
 def id_reward(prompts, completions, completion_ids, **kwargs):
     """TRL style, deterministic in the token ids, so a test can recompute it from the trainer's output."""
     return [float(sum(a) % 13) - 0.5 * float(sum(b) % 7) for a, b in completion_ids]
+
+
+def recording(tool, log: list):
+    """`tool`, appending the keyword arguments of every call to `log`; TRL reads the same name, docs and signature."""
+
+    def wrapper(**kwargs):
+        log.append(kwargs)
+        return tool(**kwargs)
+
+    wrapper.__name__, wrapper.__doc__, wrapper.__annotations__ = tool.__name__, tool.__doc__, tool.__annotations__
+    wrapper.__signature__ = inspect.signature(tool)
+    return wrapper
 
 
 # ---- generation batches and advantages by hand

@@ -12,7 +12,7 @@ from multiagent_trl import MultiAgentGRPOTrainer
 from multiagent_trl.tool_testing import CALCULATOR_QUESTIONS, LOOKUP_QUESTIONS, add, capital, tiny_tool_caller_path
 from multiagent_trl.tools import shared_environment
 
-from .conftest import small_args
+from .conftest import recording, small_args
 
 G = 4
 
@@ -53,18 +53,6 @@ class Seen:
     def __call__(self, prompts, completions, **kwargs):
         self.completions.extend(completions)
         return [1.0] * len(completions)
-
-
-def recording(tool, log):
-    def wrapper(**kwargs):
-        log.append(kwargs)
-        return tool(**kwargs)
-
-    wrapper.__name__, wrapper.__doc__, wrapper.__annotations__ = tool.__name__, tool.__doc__, tool.__annotations__
-    import inspect
-
-    wrapper.__signature__ = inspect.signature(tool)
-    return wrapper
 
 
 def tool_messages(conversation):

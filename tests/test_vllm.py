@@ -9,7 +9,6 @@ The tests skip when vLLM is not installed, and fail instead with `MULTIAGENT_TRL
 """
 
 import importlib.util
-import inspect
 import json
 import os
 import subprocess
@@ -30,6 +29,8 @@ from peft import LoraConfig  # noqa: E402
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: E402
 from multiagent_trl.testing import tiny_model_path  # noqa: E402
 from multiagent_trl.vllm_engine import INSTALL_HINT, AgentSampling, check_vllm_installed  # noqa: E402
+
+from .conftest import recording  # noqa: E402
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 REQUIRED = os.environ.get("MULTIAGENT_TRL_REQUIRE_VLLM") == "1"
@@ -214,15 +215,6 @@ def test_vllm_tool_calls_run_per_agent(vllm_available, tmp_path):
     from multiagent_trl.tool_testing import CALCULATOR_QUESTIONS, LOOKUP_QUESTIONS, add, capital, tiny_tool_caller_path
 
     calls = [[], []]
-
-    def recording(tool, log):
-        def wrapper(**kwargs):
-            log.append(kwargs)
-            return tool(**kwargs)
-
-        wrapper.__name__, wrapper.__doc__, wrapper.__annotations__ = tool.__name__, tool.__doc__, tool.__annotations__
-        wrapper.__signature__ = inspect.signature(tool)
-        return wrapper
 
     model = tiny_tool_caller_path(hidden_size=128)
     trainer = MultiAgentGRPOTrainer(
