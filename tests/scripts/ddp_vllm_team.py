@@ -22,11 +22,14 @@ def length_ratio(completions1, completions2):
     return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
 
 
-def main(out_dir: str, kind: str) -> None:
-    """`kind`: "lora" (one engine with both adapters per process) or "separate" (two engines per process)."""
+def main(out_dir: str, kind: str, urls: list[str]) -> None:
+    """`kind`: "lora" (one engine with both adapters per process) or "separate" (two engines per process); with
+    `urls`, the team's vLLM servers instead (`vllm_mode="server"`)."""
+    server = dict(vllm_mode="server", vllm_server_base_url=urls) if urls else {}
     args = MultiAgentGRPOConfig(
         output_dir=f"{out_dir}/run",
         use_vllm=True,
+        **server,
         num_agents=2,
         per_device_train_batch_size=4,
         num_generations=4,
@@ -54,4 +57,4 @@ def main(out_dir: str, kind: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
