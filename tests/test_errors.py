@@ -102,7 +102,7 @@ def test_grpo_config_is_refused_with_the_fix(tmp_path, tiny_path, prompts_datase
         (dict(num_generations=1), ValueError, "`num_generations` must be at least 2"),
         (dict(joint_mode="pairwise"), ValueError, r"`joint_mode` must be one of \('aligned', 'cross'\)"),
         (dict(num_agents=2, agent_learning_rates=[1e-3]), ValueError, "1 values but `num_agents` is 2"),
-        (dict(use_vllm=True, vllm_mode="server"), NotImplementedError, "vllm_mode='colocate'"),
+        (dict(use_vllm=True, vllm_mode="remote"), ValueError, "`vllm_mode` must be 'colocate' or 'server'"),
         (dict(num_turns=0), ValueError, "`num_turns` must be at least 1"),
         (dict(discount=1.5), ValueError, r"`discount` must be in \[0, 1\]"),
     ],
