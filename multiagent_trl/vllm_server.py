@@ -72,7 +72,13 @@ def server_urls(args, count: int) -> list[str]:
         raise ValueError(
             f"`vllm_mode='server'` needs {what}, but `{name}` gives {len(urls)}: {urls}. Give exactly {count}."
         )
-    return [url.rstrip("/") for url in urls]
+    urls = [url.rstrip("/") for url in urls]
+    if len(set(urls)) < len(urls):
+        raise ValueError(
+            f"`{name}` names one server for several agents ({urls}): each agent of a team of separate models needs "
+            "its own server, since each sync replaces the server's weights with its agent's."
+        )
+    return urls
 
 
 def _as_list(value) -> list:
@@ -87,7 +93,8 @@ class TeamServers:
     Args:
         team: The trainer's team (`LoraAgentTeam` or `AgentTeam`).
         args: The trainer's `MultiAgentGRPOConfig` (`vllm_server_base_url` or `vllm_server_host` and
-            `vllm_server_port`, `vllm_server_timeout`, `vllm_group_port`, `output_dir`).
+            `vllm_server_port`, `vllm_server_timeout`, `vllm_group_port` (agent i's server: `vllm_group_port + i`),
+            `output_dir`).
         processing_classes: Each agent's tokenizer, saved beside weights a server reloads from disk.
     """
 
@@ -118,11 +125,8 @@ class TeamServers:
         self._check_servers(args)
         self._nccl = not lora and torch.cuda.is_available()
         if self._nccl and self._state.is_main_process:
-            ports = _as_list(args.vllm_group_port)
             for i, client in enumerate(self.clients):
-                client.group_port = (
-                    ports[i] if len(ports) > 1 else ports[0] + i
-                )  # one weight-transfer group per server
+                client.group_port = args.vllm_group_port + i  # one weight-transfer group per server
                 client.init_communicator(device=torch.cuda.current_device())
         self.sync()
 
