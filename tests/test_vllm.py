@@ -239,6 +239,23 @@ def test_a_team_learns_with_vllm(vllm_available, tmp_path):
     assert end > start + 0.15, rewards
 
 
+def test_truncated_sampling_with_the_correction_warns(tmp_path, caplog):
+    """Only settings that truncate the sampled distribution, with the correction on, warn; per agent."""
+    from multiagent_trl.vllm_engine import warn_truncated_sampling
+
+    for agents, settings in [
+        ([], dict()),
+        ([0, 1], dict(top_p=0.6, top_k=50)),
+        ([1], dict(top_k=[0, 50])),
+        ([0], dict(min_p=[0.1, None])),
+        ([], dict(top_p=0.6, vllm_importance_sampling_correction=False)),
+    ]:
+        caplog.clear()
+        args = MultiAgentGRPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False, **settings)
+        assert warn_truncated_sampling(args, 2) == agents, settings
+        assert ("TRL issue 6789" in caplog.text) == bool(agents)
+
+
 def echo_transition(row, histories, turn):
     """Each agent's next prompt: the task and its own last completion."""
     return [f"{row['prompt']} Before: {history[-1]} Again:" for history in histories]
