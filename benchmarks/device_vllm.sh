@@ -4,8 +4,9 @@
 # engine, the team of separate models on two engines, one TRL+vLLM (colocate) run per agent, and CoMLRL 1.4.3; the
 # ratios against the targets (team >= 0.9x N TRL+vLLM runs, >= 5x CoMLRL). See benchmarks/vllm_device.py.
 #
-#   bash benchmarks/device_vllm.sh                   # on the GPU machine, from the repository root (about 5 minutes:
-#                                                    # installs, 5 engines' start-ups, 8 prompts x 8 x 256 tokens)
+#   bash benchmarks/device_vllm.sh                   # on the GPU machine, from the repository root (estimated 6-10
+#                                                    # minutes: installing vLLM if missing, 5 engines' start-ups,
+#                                                    # CoMLRL's generate; 4 prompts x 8 x 128 tokens, 3 rounds)
 #   SIZE=qwen2.5-0.5b-vllm-mini BF16= PROMPTS=2 GENERATIONS=4 TOKENS=8 ROUNDS=2 ROWS=lora RESULTS=/tmp/vllm.json \
 #       bash benchmarks/device_vllm.sh               # on a CPU (vLLM's CPU build), tiny shape, float32: one row per
 #                                                    # call (ROWS=lora, separate, trl, comlrl; 1-4 minutes each on a
@@ -16,10 +17,10 @@
 set -euo pipefail
 SIZE=${SIZE:-qwen2.5-0.5b-shape}
 BF16=${BF16---bf16}
-PROMPTS=${PROMPTS:-8}
+PROMPTS=${PROMPTS:-4}
 GENERATIONS=${GENERATIONS:-8}
-TOKENS=${TOKENS:-256}
-ROUNDS=${ROUNDS:-5}
+TOKENS=${TOKENS:-128}
+ROUNDS=${ROUNDS:-3}
 ROWS=${ROWS:-lora separate trl comlrl}
 PYTHON=${PYTHON:-python}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 WANDB_MODE=disabled

@@ -113,6 +113,7 @@ def team_trainer(model: str, lora: bool, options, output_dir: str):
         temperature=1.0,
         report_to="none",
         bf16=options.bf16,
+        model_init_kwargs={"dtype": "bfloat16" if options.bf16 else "float32"},  # TRL's default is float32
     )
     peft = LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False) if lora else None
     return MultiAgentGRPOTrainer(
@@ -140,6 +141,7 @@ def trl_trainer(model: str, options, output_dir: str):
         temperature=1.0,
         report_to="none",
         bf16=options.bf16,
+        model_init_kwargs={"dtype": "bfloat16" if options.bf16 else "float32"},  # TRL's default is float32
     )
     trainer = GRPOTrainer(
         model=model,
@@ -306,10 +308,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", default="qwen2.5-0.5b-shape", choices=sorted(QWEN_SHAPES))
     parser.add_argument("--bf16", action="store_true", help="bf16 models and engines (a GPU); float32 otherwise")
-    parser.add_argument("--prompts", type=int, default=8, help="P: prompts per batch")
+    parser.add_argument("--prompts", type=int, default=4, help="P: prompts per batch")
     parser.add_argument("--generations", type=int, default=8, help="G: completions per prompt per agent")
-    parser.add_argument("--tokens", type=int, default=256, help="T: completion length (at most)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (after one warm-up)")
+    parser.add_argument("--tokens", type=int, default=128, help="T: completion length (at most)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (after one warm-up)")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     parser.add_argument("--gpu-memory", type=float, default=0.2, help="vllm_gpu_memory_utilization per team")
     parser.add_argument("--output-dir", default="/tmp/multiagent_trl_vllm_device", help="where the model is built")
