@@ -13,7 +13,8 @@
 #                                                    # shared core), RESULTS gathering the rows into one table
 #
 # On a CPU also export VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_OMP_THREADS_BIND=nobind
-# (the Python script sets these defaults itself). Results: printed, and written to $OUT/vllm_device.md when OUT is set.
+# (the Python script sets these defaults itself). EXTRA passes more flags, e.g. EXTRA=--trl-sequential (the TRL runs
+# one after the other, each engine deleted before the next is built) or EXTRA="--gpu-memory 0.3". Results: printed, and written to $OUT/vllm_device.md when OUT is set.
 set -euo pipefail
 SIZE=${SIZE:-qwen2.5-0.5b-shape}
 BF16=${BF16---bf16}
@@ -32,4 +33,4 @@ $PYTHON -c "import torch, vllm, trl; print('torch', torch.__version__, 'vllm', v
 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
 if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; fi
 $PYTHON benchmarks/vllm_device.py --size "$SIZE" $BF16 --prompts "$PROMPTS" --generations "$GENERATIONS" \
-    --tokens "$TOKENS" --rounds "$ROUNDS" --rows $ROWS ${RESULTS:+--results "$RESULTS"} | tee /tmp/vllm-device.txt
+    --tokens "$TOKENS" --rounds "$ROUNDS" --rows $ROWS ${RESULTS:+--results "$RESULTS"} ${EXTRA:-} | tee /tmp/vllm-device.txt

@@ -233,6 +233,9 @@ def measure(options, model: str, output_dir: str) -> tuple[dict, list[str]]:
         if row in ("lora", "separate"):
             trainer = team_trainer(model, row == "lora", options, os.path.join(output_dir, row))
             timers[row] = (lambda t: lambda: time_team(t, options))(trainer)
+        elif row == "trl" and options.trl_sequential:
+            notes.append("N TRL+vLLM runs: timed one after the other (build, time, delete; --trl-sequential).")
+            timers[row] = None
         elif row == "trl":
             trainers = []
             try:
@@ -240,7 +243,8 @@ def measure(options, model: str, output_dir: str) -> tuple[dict, list[str]]:
                     trainers.append(trl_trainer(model, options, os.path.join(output_dir, f"trl{i}")))
             except Exception as error:  # two TRL colocate engines in one process: run them one after the other
                 notes.append(
-                    f"N TRL+vLLM runs: a second TRL colocate engine failed in this process ({type(error).__name__}: "
+                    f"N TRL+vLLM runs: TRL colocate engine {len(trainers) + 1} failed in this process "
+                    f"({type(error).__name__}: "
                     f"{str(error)[:200]}); the runs were timed one after the other (build, time, delete), not "
                     "alternating with the other rows."
                 )
@@ -313,6 +317,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="T: completion length (at most)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (after one warm-up)")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument(
+        "--trl-sequential",
+        action="store_true",
+        help="build, time and delete the TRL runs one after the other instead of both in one process",
+    )
     parser.add_argument("--gpu-memory", type=float, default=0.2, help="vllm_gpu_memory_utilization per team")
     parser.add_argument("--output-dir", default="/tmp/multiagent_trl_vllm_device", help="where the model is built")
     parser.add_argument(
