@@ -17,11 +17,11 @@ the machine's speed hits all alike); medians:
 - team separate, two engines: the same without `peft_config`, one engine per agent, each with
   `vllm_gpu_memory_utilization / 2`.
 - N TRL+vLLM runs: one TRL `GRPOTrainer(use_vllm=True, vllm_mode="colocate")` per agent, each generating the same
-  batch as its training step does (`trainer._generate(prompts)`, P x G rows, one vLLM request of G per prompt); the
-  rate is all agents' completions over the sum of their times. Both TRL engines live in one process (TRL's colocate
-  engine uses vLLM's `external_launcher` backend; a second one in the same process works on vLLM's CPU build); if
-  building one fails, or with `--trl-sequential`, the runs are timed one after the other (build, time, delete), and
-  the table says so.
+  batch as its training step does (`trainer._generate(prompts)`: P x G rows, which TRL's colocate mode sends as
+  P x G requests of n=1); the rate is all agents' completions over the sum of their times. Both TRL engines live in
+  one process (TRL's colocate engine uses vLLM's `external_launcher` backend; a second one in the same process works
+  on vLLM's CPU build); if building one fails, or with `--trl-sequential`, the runs are timed one after the other
+  (build, time, delete), and the table says so.
 - CoMLRL 1.4.3: its `MAGRPOTrainer` (`benchmarks/compare_comlrl.py::comlrl_trainer`, cast to bf16 with `--bf16`)
   generating the batch as its training step does (`_train_step_returns`): per prompt, each agent's
   `_generate_completions_with_external_prompts(..., num_return_sequences=G)` through `_run_agent_tasks`. Skipped,
