@@ -14,7 +14,8 @@
 #
 # On a CPU also export VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_OMP_THREADS_BIND=nobind
 # (the Python script sets these defaults itself). EXTRA passes more flags, e.g. EXTRA=--trl-sequential (the TRL runs
-# one after the other, each engine deleted before the next is built) or EXTRA="--gpu-memory 0.3". Results: printed, and written to $OUT/vllm_device.md when OUT is set.
+# one after the other, each engine deleted before the next is built) or EXTRA="--gpu-memory 0.3". Results: printed,
+# and written to $OUT/vllm_device.md when OUT is set. The GPU run is not done yet: no GPU was lent so far.
 set -euo pipefail
 SIZE=${SIZE:-qwen2.5-0.5b-shape}
 BF16=${BF16---bf16}
