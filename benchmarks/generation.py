@@ -56,14 +56,18 @@ from transformers import TrainerCallback  # noqa: E402
 from vs_trl import OtherLoad, path_settings  # noqa: E402
 
 PATHS = vs_trl.PATHS
-# Randomly initialised models of Qwen2.5-0.5B's shape (no weights can be downloaded), for a GPU; "-mini" keeps its
-# vocabulary and head but 2 narrow layers, to check the device script on a CPU.
+# Randomly initialised models of Qwen2.5-0.5B's shape (no weights can be downloaded), for a GPU; the "-mini" shapes
+# keep its vocabulary but 2 narrow layers, to check the device scripts on a CPU.
 QWEN_SHAPES = {
     "qwen2.5-0.5b-shape": dict(
         hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2
     ),
     "qwen2.5-0.5b-mini": dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    ),
+    # Head size 32, the smallest vLLM's CPU attention takes (benchmarks/vllm_device.py on a CPU).
+    "qwen2.5-0.5b-vllm-mini": dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
     ),
 }
 QWEN_VOCAB = 151936
