@@ -46,6 +46,7 @@ import generation  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 KINDS = ("separate", "lora")
+VARIANTS = ("baseline", "sampling", "all")
 PARTS = (
     "generation",
     "  LM head (generation)",
@@ -68,6 +69,16 @@ class Arguments:
     kinds: list[str] = field(default_factory=lambda: list(KINDS), metadata={"help": "Teams.", "choices": KINDS})
     max_new_tokens: list[int] = field(default_factory=lambda: [32, 128], metadata={"help": "Completion lengths."})
     prompts: int = field(default=10, metadata={"help": "Prompts of the epoch (the tutorial's first ones)."})
+    warmup: bool = field(default=True, metadata={"help": "One untimed step first (`--no-warmup`: none)."})
+    variants: list[str] = field(
+        default_factory=lambda: ["all"],
+        metadata={
+            "help": "What the team runs with: 'baseline' (transformers' top-k and top-p warpers, TRL's torch "
+            "fallbacks of its log-prob kernel: the code before issue 23), 'sampling' (+ the top-k/top-p warper of "
+            "multiagent_trl.sampling), 'all' (+ the faster CPU kernel of multiagent_trl.logprob_kernel).",
+            "choices": VARIANTS,
+        },
+    )
     threads: int = field(default_factory=os.cpu_count, metadata={"help": "torch threads."})
     output_dir: str = field(default="/tmp/multiagent_trl_profile_epoch", metadata={"help": "Trainer output."})
 
@@ -195,18 +206,42 @@ def build(kind: str, max_new_tokens: int, args: Arguments):
     )
 
 
-def profile(kind: str, max_new_tokens: int, args: Arguments, clock: Clock) -> dict[str, float]:
+def set_variant(trainer, variant: str) -> None:
+    """Undo the optimizations that `variant` leaves out (see `Arguments.variants`)."""
+    from trl.kernels import chunked_logprob
+
+    from multiagent_trl import logprob_kernel
+
+    logprob_kernel.use_faster_cpu_kernel()
+    if variant != "all":
+        chunked_logprob._forward_tile = logprob_kernel._original_forward_tile
+        chunked_logprob._backward_tile = logprob_kernel._original_backward_tile
+    else:
+        chunked_logprob._forward_tile = logprob_kernel.faster_forward_tile
+        chunked_logprob._backward_tile = logprob_kernel.faster_backward_tile
+    if variant == "baseline":
+        for model in trainer.model.models():
+            model = model.get_base_model() if hasattr(model, "get_base_model") else model
+            del model._get_logits_processor  # the class's method again
+            model._uses_top_k_top_p = False
+
+
+def profile(kind: str, max_new_tokens: int, variant: str, args: Arguments, clock: Clock) -> dict[str, float]:
     import torch
+    from transformers import PrinterCallback
 
     trainer = build(kind, max_new_tokens, args)
+    set_variant(trainer, variant)
+    trainer.remove_callback(PrinterCallback)
     trainer.add_callback(OptimizerTimer(clock))
     for agent in trainer.model.agents if kind == "separate" else [trainer.model.peft_model]:
         time_head(clock, agent)
     state = copy.deepcopy(trainer.model.state_dict())
-    trainer.args.max_steps = 1  # warm-up step, untimed
-    torch.manual_seed(0)
-    trainer.train()
-    trainer.model.load_state_dict(state)
+    if args.warmup:
+        trainer.args.max_steps = 1  # warm-up step, untimed
+        torch.manual_seed(0)
+        trainer.train()
+        trainer.model.load_state_dict(state)
     trainer.args.max_steps = -1
     torch.manual_seed(0)
     clock.seconds.clear()
@@ -227,7 +262,7 @@ def profile(kind: str, max_new_tokens: int, args: Arguments, clock: Clock) -> di
 def table(results: dict[tuple[str, int], dict[str, float]], args: Arguments) -> str:
     keys = list(results)
     lines = [
-        "| part | " + " | ".join(f"{kind}, {n} tokens" for kind, n in keys) + " |",
+        "| part | " + " | ".join(f"{kind}, {n} tokens, {variant}" for kind, n, variant in keys) + " |",
         "|---|" + "---|" * len(keys),
     ]
     for part in (*PARTS, "total"):
@@ -253,12 +288,13 @@ def main() -> None:
     results = {}
     for n in args.max_new_tokens:
         for kind in args.kinds:
-            results[kind, n] = profile(kind, n, args, clock)
-            print(f"  {kind} {n} tokens: {results[kind, n]['total']:.1f} s", flush=True)
+            for variant in args.variants:
+                results[kind, n, variant] = profile(kind, n, variant, args, clock)
+                print(f"  {kind} {n} tokens {variant}: {results[kind, n, variant]['total']:.1f} s", flush=True)
+    warmup = ", after an untimed warm-up step" if args.warmup else ""
     print(
-        f"\n`python benchmarks/profile_epoch.py --size {args.size} --prompts {args.prompts} "
-        f"--threads {args.threads}`: "
-        f"{args.prompts} prompts ({(args.prompts + 1) // 2} steps), one `train()` call, {args.threads} torch "
+        f"\n`python benchmarks/profile_epoch.py {' '.join(sys.argv[1:])}` ({args.size}): "
+        f"{args.prompts} prompts ({(args.prompts + 1) // 2} steps{warmup}), one `train()` call, {args.threads} torch "
         f"threads, load average {os.getloadavg()[0]:.1f}.\n"
     )
     print(table(results, args))
