@@ -4,7 +4,7 @@ TRL computes the log-probs (and entropies) of the loss with `trl.kernels.chunked
 which projects the hidden states on the vocabulary tile by tile. On GPUs a Triton kernel folds each tile; elsewhere
 TRL calls torch fallbacks (`_forward_tile`, `_backward_tile`) written for clarity: each step of the formula makes a
 new tensor of the tile's size (`[tokens, 32768]` floats, 64 MB for 512 tokens). With a real vocabulary, the
-backward's fallback alone took 45% of the tutorial epoch on a CPU (`benchmarks/profile_epoch.py`).
+backward's fallback alone took 34-44% of the tutorial epoch on a CPU (`benchmarks/profile_epoch.py`).
 
 `faster_backward_tile` computes the same gradient of the log-probs with the same float operations in the same order,
 in place in the tile (which TRL overwrites with the gradient anyway) and a few rows at a time, so that the rows stay
