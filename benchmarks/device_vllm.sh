@@ -7,7 +7,7 @@
 #   bash benchmarks/device_vllm.sh                   # on the GPU machine, from the repository root (estimated 6-10
 #                                                    # minutes: installing vLLM if missing, 5 engines' start-ups,
 #                                                    # CoMLRL's generate; 4 prompts x 8 x 128 tokens, 3 rounds)
-#   SIZE=qwen2.5-0.5b-vllm-mini BF16= PROMPTS=2 GENERATIONS=4 TOKENS=8 ROUNDS=2 ROWS=lora RESULTS=/tmp/vllm.json \
+#   SIZE=qwen2.5-vocab-h128 BF16= PROMPTS=2 GENERATIONS=4 TOKENS=8 ROUNDS=2 ROWS=lora RESULTS=/tmp/vllm.json \
 #       bash benchmarks/device_vllm.sh               # on a CPU (vLLM's CPU build), tiny shape, float32: one row per
 #                                                    # call (ROWS=lora, separate, trl, comlrl; 1-4 minutes each on a
 #                                                    # shared core), RESULTS gathering the rows into one table

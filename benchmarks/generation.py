@@ -65,8 +65,9 @@ QWEN_SHAPES = {
     "qwen2.5-0.5b-mini": dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
     ),
-    # Head size 32, the smallest vLLM's CPU attention takes (benchmarks/vllm_device.py on a CPU).
-    "qwen2.5-0.5b-vllm-mini": dict(
+    # The real-vocabulary shape of the CPU benchmarks: Qwen2.5's vocabulary and tied head on 2 narrow layers, with a
+    # head size of 32 (128 / 4), which vLLM's attention backends accept (`vllm_device.py` on a CPU too).
+    "qwen2.5-vocab-h128": dict(
         hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
     ),
 }

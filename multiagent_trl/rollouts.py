@@ -113,3 +113,12 @@ class Replay:
     logprobs: list[list[float]] | None = None  # the sampled tokens' log-probs, with `completion_ids` (vLLM)
     rollout: Rollout | None = None
     rewards: torch.Tensor | None = None  # (rows, reward columns), gathered across processes as TRL's are
+
+
+def loss_parts(inputs: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """Split a team batch into `(agent, batch)` parts by the keys' `agent_{i}/` prefix."""
+    parts: dict[int, dict[str, Any]] = {}
+    for key, value in inputs.items():
+        agent, rest = key.split("/", 1)
+        parts.setdefault(int(agent.removeprefix("agent_")), {})[rest] = value
+    return list(parts.items())

@@ -57,6 +57,7 @@ from .loading import (
     load_processing_classes,
     reference_copies,
 )
+from .logprob_kernel import use_faster_cpu_kernel
 from .placement import place_agents
 from .reference_sync import ReferenceSyncCallback, check_reference_sync
 from .rewards import (
@@ -82,7 +83,7 @@ from .rollout_tree import (
     root_level,
     sample_members,
 )
-from .rollouts import Replay, Rollout
+from .rollouts import Replay, Rollout, loss_parts
 from .team import AgentTeam, LoraAgentTeam
 from .tools import REPLAY_STATE, TeamTools
 from .turns import Transition, completion_rows, is_prompt, turn_prefix
@@ -287,7 +288,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._agent_views = agent_views(self, models, processing_classes, ref_models, shared_base)
         self._team_tools = team_tools
         team_tools.install(self)
-        configure_decoding(self)  # `compile_generation`: each agent's generation config
+        configure_decoding(self, models)  # `compile_generation`, the sampling warpers (`multiagent_trl.sampling`)
+        use_faster_cpu_kernel()  # TRL's log-prob kernel on CPUs: the same bits, faster (`logprob_kernel`)
         if shared_base:
             team = LoraAgentTeam(models[0], [f"agent_{i}" for i in range(num_agents)])
         else:
@@ -681,7 +683,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # (switching adapters before one joint backward gives wrong gradients), and gives DDP one forward per
         # backward. DeepSpeed's engine counts backward calls as micro-steps, so there the losses are summed instead.
         separate_backward = model.training and torch.is_grad_enabled() and not self.is_deepspeed_enabled
-        parts = _loss_parts(inputs)  # (agent, its batch: every turn of the rollout)
+        parts = loss_parts(inputs)  # (agent, its batch: every turn of the rollout)
         total = 0.0
         agent_losses = [0.0] * self.num_agents
         for k, (i, batch) in enumerate(parts):
@@ -822,12 +824,3 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         folder to one repo; `blocking` is accepted for its signature, the uploads always finish before returning.)"""
         message = commit_message or "End of training"
         return hub.push_team(self, repo_id, single_repo, message, private, token, revision, dataset_name, tags)
-
-
-def _loss_parts(inputs: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
-    """Split a team batch into `(agent, batch)` parts by the keys' `agent_{i}/` prefix."""
-    parts: dict[int, dict[str, Any]] = {}
-    for key, value in inputs.items():
-        agent, rest = key.split("/", 1)
-        parts.setdefault(int(agent.removeprefix("agent_")), {})[rest] = value
-    return list(parts.items())

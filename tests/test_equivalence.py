@@ -37,8 +37,9 @@ def letters_reward(completions, **kwargs):
         dict(loss_type="dapo"),
         dict(loss_type="grpo", beta=0.1, num_iterations=2),
         dict(loss_type="bnpo", scale_rewards="batch", gradient_accumulation_steps=2),
+        dict(loss_type="dapo", temperature=0.6, top_k=50, top_p=0.6),  # the team's top-k/top-p warper: same tokens
     ],
-    ids=["dapo", "grpo-beta-iterations", "bnpo-accumulation"],
+    ids=["dapo", "grpo-beta-iterations", "bnpo-accumulation", "top-k-top-p"],
 )
 def test_team_of_one_matches_grpo_trainer(tmp_path, tiny_path, prompts_dataset, loss_settings):
     reward_funcs = [length_reward, letters_reward]
