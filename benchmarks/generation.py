@@ -76,7 +76,6 @@ SIZES = ("tiny", "bench-4m", *QWEN_SHAPES)
 KINDS = ("separate", "lora")
 PARTS = ("throughput", "epoch", "overheads")
 DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-MARKERS = ("<!-- bench:generation start -->", "<!-- bench:generation end -->")
 EPOCH_TARGET = 0.5  # multiagent_trl's tutorial epoch at most half of CoMLRL's
 
 
@@ -415,11 +414,13 @@ def report(args: Arguments, throughput, epoch, overheads) -> str:
     return "\n".join(lines).strip()
 
 
-def update_docs(block: str, page: Path = DOCS_PAGE) -> None:
+def update_docs(block: str, page: Path = DOCS_PAGE, name: str = "generation") -> None:
+    """Replace the text between `<!-- bench:NAME start -->` and `<!-- bench:NAME end -->` of `page` with `block`."""
+    markers = (f"<!-- bench:{name} start -->", f"<!-- bench:{name} end -->")
     text = page.read_text()
-    if MARKERS[0] not in text or MARKERS[1] not in text:
-        raise SystemExit(f"{page} has no {MARKERS[0]} ... {MARKERS[1]} block to update.")
-    start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])
+    if markers[0] not in text or markers[1] not in text:
+        raise SystemExit(f"{page} has no {markers[0]} ... {markers[1]} block to update.")
+    start, end = text.index(markers[0]) + len(markers[0]), text.index(markers[1])
     page.write_text(text[:start] + "\n" + block + "\n" + text[end:])
 
 

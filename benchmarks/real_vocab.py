@@ -235,15 +235,6 @@ def report(args: Arguments, results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def update_docs(block: str, name: str, page: Path = DOCS_PAGE) -> None:
-    markers = (f"<!-- bench:{name} start -->", f"<!-- bench:{name} end -->")
-    text = page.read_text()
-    if markers[0] not in text or markers[1] not in text:
-        raise SystemExit(f"{page} has no {markers[0]} ... {markers[1]} block to update.")
-    start, end = text.index(markers[0]) + len(markers[0]), text.index(markers[1])
-    page.write_text(text[:start] + "\n" + block + "\n" + text[end:])
-
-
 def main() -> None:
     from transformers import HfArgumentParser
     from transformers.utils import logging as transformers_logging
@@ -258,7 +249,7 @@ def main() -> None:
     block = report(args, results)
     print("\n" + block)
     if args.update_docs:
-        update_docs(block, args.docs_block)
+        generation.update_docs(block, DOCS_PAGE, args.docs_block)
         print(f"updated {DOCS_PAGE}")
 
 
