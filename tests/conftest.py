@@ -110,3 +110,17 @@ def small_args(tmp_path, **overrides):
     )
     settings.update(overrides)
     return MultiAgentGRPOConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def vllm_available():
+    """Skip where vLLM is not installed; fail instead with `MULTIAGENT_TRL_REQUIRE_VLLM=1` (CI)."""
+    import importlib.util
+
+    from multiagent_trl.vllm_engine import INSTALL_HINT
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    if os.environ.get("MULTIAGENT_TRL_REQUIRE_VLLM") == "1":
+        pytest.fail(f"MULTIAGENT_TRL_REQUIRE_VLLM=1, but vLLM is not installed. {INSTALL_HINT}")
+    pytest.skip(f"vLLM is not installed. {INSTALL_HINT}")

