@@ -110,18 +110,12 @@ def prompts(options) -> list[str]:
     return [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(options.prompts)]
 
 
-def team_trainer(model: str, lora: bool, options, output_dir: str):
-    from datasets import Dataset
-    from peft import LoraConfig
-
-    from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
-
-    args = MultiAgentGRPOConfig(
+def run_settings(options, output_dir: str) -> dict:
+    """The settings the team's and TRL's configs share: colocated vLLM, the batch, sampling at temperature 1."""
+    return dict(
         output_dir=output_dir,
-        num_agents=NUM_AGENTS,
         use_vllm=True,
         vllm_mode="colocate",
-        vllm_gpu_memory_utilization=options.gpu_memory,
         per_device_train_batch_size=options.prompts * options.generations,
         num_generations=options.generations,
         max_completion_length=options.tokens,
@@ -129,6 +123,17 @@ def team_trainer(model: str, lora: bool, options, output_dir: str):
         report_to="none",
         bf16=options.bf16,
         model_init_kwargs={"dtype": "bfloat16" if options.bf16 else "float32"},  # TRL's default is float32
+    )
+
+
+def team_trainer(model: str, lora: bool, options, output_dir: str):
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+
+    args = MultiAgentGRPOConfig(
+        **run_settings(options, output_dir), num_agents=NUM_AGENTS, vllm_gpu_memory_utilization=options.gpu_memory
     )
     peft = LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False) if lora else None
     return MultiAgentGRPOTrainer(
@@ -145,19 +150,7 @@ def trl_trainer(model: str, options, output_dir: str):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    args = GRPOConfig(
-        output_dir=output_dir,
-        use_vllm=True,
-        vllm_mode="colocate",
-        vllm_gpu_memory_utilization=options.gpu_memory / NUM_AGENTS,
-        per_device_train_batch_size=options.prompts * options.generations,
-        num_generations=options.generations,
-        max_completion_length=options.tokens,
-        temperature=1.0,
-        report_to="none",
-        bf16=options.bf16,
-        model_init_kwargs={"dtype": "bfloat16" if options.bf16 else "float32"},  # TRL's default is float32
-    )
+    args = GRPOConfig(**run_settings(options, output_dir), vllm_gpu_memory_utilization=options.gpu_memory / NUM_AGENTS)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=lambda completions, **_: [0.0] * len(completions),

@@ -265,6 +265,11 @@ class LoraAgentTeam(AgentTeam):
     def num_agents(self) -> int:
         return len(self.adapter_names)
 
+    @property
+    def max_rank(self) -> int:
+        """The largest LoRA rank among the agents' adapters (what an engine serving them all must take)."""
+        return max(self.peft_model.peft_config[name].r for name in self.adapter_names)
+
     def _set_trainable(self) -> None:
         for p in self._adapter_parameter_list:
             if not p.requires_grad:

@@ -53,6 +53,15 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+def engine_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that fits adapters of rank `rank`.
+
+    >>> engine_lora_rank(8), engine_lora_rank(12)
+    (8, 16)
+    """
+    return next((r for r in LORA_RANKS if r >= rank), rank)
+
+
 def check_vllm_installed() -> None:
     """Raise an `ImportError` that says what to install when vLLM is not installed (without importing it)."""
     if importlib.util.find_spec("vllm") is None:
@@ -228,7 +237,7 @@ class TeamEngine:
         self.engines = []
         for k, model in enumerate(models):
             path = os.path.join(self._folder, f"model_{k}")
-            _save_base(model, processing_classes[k], path)
+            save_base(model, processing_classes[k], path)
             settings = dict(
                 model=path,
                 gpu_memory_utilization=memory,
@@ -243,11 +252,10 @@ class TeamEngine:
                 # process group, as TRL's colocate mode does.
                 settings["distributed_executor_backend"] = "external_launcher"
             if lora:
-                ranks = [cfg.r for name, cfg in model.peft_config.items() if name in team.adapter_names]
                 settings.update(
                     enable_lora=True,
                     max_loras=args.vllm_max_loras or team.num_agents,
-                    max_lora_rank=next((r for r in LORA_RANKS if r >= max(ranks)), max(ranks)),
+                    max_lora_rank=engine_lora_rank(team.max_rank),
                 )
             self.engines.append(_start_engine(settings))
         self._adapters: list = []
@@ -352,7 +360,7 @@ def _base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def _save_base(model: nn.Module, processing_class, path: str) -> None:
+def save_base(model: nn.Module, processing_class, path: str) -> None:
     """Write the weights an engine starts from (the base of a PEFT model), its config and the tokenizer, as a model
     folder. Written directly: transformers' `save_pretrained` writes on rank 0 only in a distributed run, and each
     process's engine reads its own folder."""

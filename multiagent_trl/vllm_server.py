@@ -28,7 +28,7 @@ import torch
 from accelerate import PartialState
 
 from .team import AgentTeam, LoraAgentTeam
-from .vllm_engine import LORA_RANKS, AgentSampling, _save_base, check_team, check_vllm_installed
+from .vllm_engine import AgentSampling, check_team, check_vllm_installed, engine_lora_rank, save_base
 
 # vLLM's server environment for the team's servers: `trl vllm-serve` sets the first (the weight-transfer, prefix-cache
 # and `/collective_rpc` endpoints); the second lets the trainer load and reload adapters while the server runs.
@@ -53,7 +53,7 @@ def serve_command(
     command += ["--logprobs-mode", "processed_logprobs", "--weight-transfer-config", '{"backend": "nccl"}']
     command += ["--worker-extension-cls", WORKER_EXTENSION]
     if num_adapters:
-        rank = next((r for r in LORA_RANKS if r >= max_lora_rank), max_lora_rank)
+        rank = engine_lora_rank(max_lora_rank)
         command += ["--enable-lora", "--max-loras", str(num_adapters), "--max-lora-rank", str(rank)]
     return command + list(extra)
 
@@ -154,7 +154,6 @@ class TeamServers:
 
     def _check_lora(self, lora_config: dict | None, url: str) -> None:
         team = self.team
-        ranks = [cfg.r for name, cfg in team.peft_model.peft_config.items() if name in team.adapter_names]
         hint = _launch_hint(team, 0, url)
         if lora_config is None:
             raise ValueError(f"The vLLM server at {url} serves no LoRA adapters; a LoRA team needs it to: {hint}")
@@ -163,10 +162,10 @@ class TeamServers:
                 f"The vLLM server at {url} holds {lora_config['max_loras']} adapters at once (`--max-loras`), fewer "
                 f"than the team's {team.num_agents} agents: {hint}"
             )
-        if lora_config["max_lora_rank"] < max(ranks):
+        if lora_config["max_lora_rank"] < team.max_rank:
             raise ValueError(
                 f"The vLLM server at {url} takes adapters up to rank {lora_config['max_lora_rank']} "
-                f"(`--max-lora-rank`), below the team's rank {max(ranks)}: {hint}"
+                f"(`--max-lora-rank`), below the team's rank {team.max_rank}: {hint}"
             )
 
     def sync(self) -> None:
@@ -184,7 +183,7 @@ class TeamServers:
                             client.update_model_params(model)
                     else:
                         folder = os.path.join(self._folder, f"agent_{i}")
-                        _save_base(model, self.processing_classes[i], folder)
+                        save_base(model, self.processing_classes[i], folder)
                         _reload(client, folder)
             for client in {client.base_url: client for client in self.clients}.values():
                 client.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
@@ -251,8 +250,7 @@ def _launch_hint(team: AgentTeam, index: int, url: str) -> str:
     port = urlparse(url).port or 8000
     if isinstance(team, LoraAgentTeam):
         base = team.peft_model.get_base_model()
-        ranks = [cfg.r for name, cfg in team.peft_model.peft_config.items() if name in team.adapter_names]
-        command = serve_command(base.name_or_path, port, num_adapters=team.num_agents, max_lora_rank=max(ranks))
+        command = serve_command(base.name_or_path, port, num_adapters=team.num_agents, max_lora_rank=team.max_rank)
     else:
         command = serve_command(team.models()[index].name_or_path, port)
     env = " ".join(f"{k}={v}" for k, v in SERVER_ENV.items())
