@@ -137,10 +137,15 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
     `temperature=0.6`, `top_p=0.6`, `top_k=50` (`None`: no top-k filtering), `num_train_epochs=20`,
     `logging_steps=50`. `output_dir` defaults to `"magrpo_output"`, and `save_strategy` to `"no"`: as in CoMLRL,
     checkpoints are written when `train(checkpoint_interval=..., checkpoint_dir=...)` asks for them.
+    `gradient_checkpointing` defaults to `False` (TRL's `GRPOConfig`: `True`): CoMLRL keeps activations, and
+    recomputing them costs each loss pass a second forward for the same gradients (`docs/benchmarks.md`).
     """
 
     output_dir: str | None = field(default="magrpo_output", metadata={"help": "Where checkpoints and logs go."})
     save_strategy: str = field(default="no", metadata={"help": "Checkpoints (CoMLRL: asked for in train())."})
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute activations in the backward (CoMLRL: no; TRL's GRPO: yes)."}
+    )
     num_agents: int | None = field(default=2, metadata={"help": "Number of agents."})
     num_train_epochs: float = field(default=20, metadata={"help": "Number of training epochs."})
     logging_steps: float = field(default=50, metadata={"help": "Log every this many steps."})

@@ -97,6 +97,30 @@ def test_every_comlrl_field_is_accepted_with_its_default():
     assert reference == COMLRL_DEFAULTS
 
 
+def test_no_gradient_checkpointing_by_default_and_the_same_weights(tmp_path, tiny_path, prompts_dataset):
+    """CoMLRL keeps activations; TRL's default (`True`) would recompute them in the backward, for the same weights."""
+    assert MAGRPOConfig().gradient_checkpointing is False
+
+    def reward(completions1, completions2, batch_items):
+        return [float(len(a) + len(b)) for a, b in zip(completions1, completions2)]
+
+    weights, checkpointing = [], []
+    for flag in (False, True):
+        args = comlrl_args(tmp_path / str(flag), max_steps=2, gradient_checkpointing=flag)
+        trainer = MAGRPOTrainer(
+            agent_model=tiny_path, num_agents=2, reward_func=reward, args=args, train_dataset=prompts_dataset
+        )
+        initial = [p.detach().clone() for p in trainer.model.parameters()]
+        torch.manual_seed(0)
+        trainer.train()
+        checkpointing.append(trainer.model.is_gradient_checkpointing)
+        weights.append([p.detach().clone() for p in trainer.model.parameters()])
+        assert any(not torch.equal(a, b) for a, b in zip(initial, weights[-1])), "training changed nothing"
+    assert checkpointing == [False, True]
+    for a, b in zip(*weights):
+        assert torch.equal(a, b)
+
+
 def test_comlrl_batch_sizes_keep_trainers_properties():
     config = MAGRPOConfig(rollout_buffer_size=4, train_batch_size=2, eval_batch_size=3, num_generations=4)
     assert (config.comlrl_train_batch_size, config.comlrl_eval_batch_size) == (2, 3)
