@@ -23,6 +23,19 @@ PROMPTS = [
 G = 4  # num_generations in `small_args`
 
 
+# ---- weights before and after training
+
+
+def snapshot(module):
+    """A copy of every parameter of `module`, by name."""
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+def changed(before, module):
+    """The names of `module`'s parameters that differ from `snapshot`'s `before`."""
+    return {name for name, p in module.named_parameters() if not torch.equal(before[name], p)}
+
+
 # ---- joint reward functions shared by the tests
 
 

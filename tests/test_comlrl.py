@@ -26,7 +26,7 @@ from multiagent_trl import (
 from multiagent_trl.placement import check_devices
 from multiagent_trl.rewards import bind_reward
 
-from .conftest import PROMPTS, G, completion_ids_of, generation_batch
+from .conftest import PROMPTS, G, changed, completion_ids_of, generation_batch, length_ratio, snapshot
 
 # CoMLRL 1.4.3's MAGRPOConfig, field by field, with its defaults (comlrl/trainers/reinforce/magrpo.py).
 COMLRL_DEFAULTS = dict(
@@ -100,25 +100,21 @@ def test_every_comlrl_field_is_accepted_with_its_default():
 def test_no_gradient_checkpointing_by_default_and_the_same_weights(tmp_path, tiny_path, prompts_dataset):
     """CoMLRL keeps activations; TRL's default (`True`) would recompute them in the backward, for the same weights."""
     assert MAGRPOConfig().gradient_checkpointing is False
-
-    def reward(completions1, completions2, batch_items):
-        return [float(len(a) + len(b)) for a, b in zip(completions1, completions2)]
-
     weights, checkpointing = [], []
     for flag in (False, True):
         args = comlrl_args(tmp_path / str(flag), max_steps=2, gradient_checkpointing=flag)
         trainer = MAGRPOTrainer(
-            agent_model=tiny_path, num_agents=2, reward_func=reward, args=args, train_dataset=prompts_dataset
+            agent_model=tiny_path, num_agents=2, reward_func=length_ratio, args=args, train_dataset=prompts_dataset
         )
-        initial = [p.detach().clone() for p in trainer.model.parameters()]
+        initial = snapshot(trainer.model)
         torch.manual_seed(0)
         trainer.train()
         checkpointing.append(trainer.model.is_gradient_checkpointing)
-        weights.append([p.detach().clone() for p in trainer.model.parameters()])
-        assert any(not torch.equal(a, b) for a, b in zip(initial, weights[-1])), "training changed nothing"
+        weights.append(snapshot(trainer.model))
+        assert changed(initial, trainer.model), "training changed nothing"
     assert checkpointing == [False, True]
-    for a, b in zip(*weights):
-        assert torch.equal(a, b)
+    for name, value in weights[0].items():
+        assert torch.equal(value, weights[1][name]), name
 
 
 def test_comlrl_batch_sizes_keep_trainers_properties():

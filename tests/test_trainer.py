@@ -9,15 +9,7 @@ from trl import GRPOTrainer
 
 from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, MultiAgentGRPOTrainer
 
-from .conftest import length_ratio, small_args
-
-
-def snapshot(module):
-    return {name: p.detach().clone() for name, p in module.named_parameters()}
-
-
-def changed(before, module):
-    return {name for name, p in module.named_parameters() if not torch.equal(before[name], p)}
+from .conftest import changed, length_ratio, small_args, snapshot
 
 
 def test_every_agent_trains_and_logs_its_own_metrics(tmp_path, tiny_path, prompts_dataset):
