@@ -10,8 +10,12 @@
   linear layers repack their weights for oneDNN after loading and leave a parameter without `weight_loader`;
   `reload_weights` re-runs that packing. Each engine gets `vllm_gpu_memory_utilization / N` of the device.
 
-Under `accelerate launch` each process runs its own engines on its own rows, inside the launch's process group
-(vLLM's `external_launcher`, as TRL's colocate mode; no tensor parallelism yet).
+Every engine runs inside the training process, started with vLLM's `external_launcher` backend as TRL's colocate
+mode starts its own, in one process as under `accelerate launch` (each process then runs its own engines on its own
+rows, inside the launch's process group; no tensor parallelism yet). The full-weight sync reaches the engine's model
+runner, which only an in-process engine has; vLLM's default engine runs in processes of its own (unless
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` is exported), and `external_launcher` is what turns that off (issue 28, item 7).
+On vLLM's CPU build, each engine's KV cache defaults to `CPU_KV_CACHE_GIB` when `VLLM_CPU_KVCACHE_SPACE` is unset.
 
 The trainer tokenizes, calls `TeamEngine.generate` with one list of prompts and one `AgentSampling` per agent, and
 calls `TeamEngine.sync` when the weights changed. Nothing here imports vLLM until an engine starts
@@ -49,6 +53,11 @@ INSTALL_HINT = (
 # Head sizes vLLM's CPU attention backend supports (vllm-cpu 0.30.0); any other fails at the first `generate` with
 # "Unsupported CPU attention configuration".
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# The KV cache of each engine on vLLM's CPU build, in GiB, when `VLLM_CPU_KVCACHE_SPACE` is unset. vLLM's own default
+# reserves `gpu_memory_utilization` of the machine's memory minus the process's resident memory: in the training
+# process that counts the trainer and the engines already started, so it is either most of the memory or, for a second
+# engine, nothing (vLLM then refuses to start). 1 GiB holds about 40k tokens of a 0.5B Qwen2.5 in float32.
+CPU_KV_CACHE_GIB = 1
 # LoRA ranks vLLM accepts for `max_lora_rank`; the engine takes the smallest that fits every agent's adapter.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -235,6 +244,7 @@ class TeamEngine:
         models = team.models()  # one base for a LoRA team, else one model per agent
         memory = args.vllm_gpu_memory_utilization / len(models)  # the device's share, split between the engines
         self.engines = []
+        _set_launcher_environment(args)
         for k, model in enumerate(models):
             path = os.path.join(self._folder, f"model_{k}")
             save_base(model, processing_classes[k], path)
@@ -246,11 +256,12 @@ class TeamEngine:
                 dtype=_dtype(model),
                 logprobs_mode="processed_logprobs",  # log-probs after temperature, as TRL's correction needs
                 enable_sleep_mode=False,
+                # In this process, one engine per process of a launch (or of a plain run), as TRL's colocate mode:
+                # the full-weight sync needs the engine's model runner, which vLLM's default (multi-process) engine
+                # keeps in another process. vLLM turns off its multiprocessing itself for this backend.
+                distributed_executor_backend="external_launcher",
+                **_cpu_kv_cache(),
             )
-            if args.world_size > 1:
-                # Each process runs its own engine on its own rows (no tensor parallelism), inside the launch's
-                # process group, as TRL's colocate mode does.
-                settings["distributed_executor_backend"] = "external_launcher"
             if lora:
                 settings.update(
                     enable_lora=True,
@@ -266,6 +277,14 @@ class TeamEngine:
                 folder = os.path.join(self._folder, "adapters", name)
                 # `load_inplace`: vLLM otherwise keeps serving an id's first weights when its folder changes.
                 self._adapters.append(LoRARequest(name, i + 1, folder, load_inplace=True))
+        elif not all(hasattr(llm.llm_engine, "model_executor") for llm in self.engines):
+            # Not expected with `external_launcher`; a vLLM that starts it in other processes anyway would otherwise
+            # fail at the first sync with an AttributeError.
+            raise RuntimeError(
+                "vLLM started the team's engines outside this process, and separate models sync their weights "
+                "through the in-process engine's model runner. Export `VLLM_ENABLE_V1_MULTIPROCESSING=0` before "
+                "starting, use a LoRA team (`peft_config`), or `vllm_mode='server'`."
+            )
         self.sync()
 
     @property
@@ -339,6 +358,34 @@ def _start_engine(settings: dict):
     from vllm import LLM
 
     return LLM(**settings)
+
+
+def _set_launcher_environment(args) -> None:
+    """The variables vLLM's `external_launcher` reads to join (or, in one process, create) the process group, as TRL's
+    colocate mode sets them: this process's rank and the launch's size (`accelerate launch` has set the same already),
+    and a free port on this host unless `MASTER_PORT` is set."""
+    from trl.trainer.utils import ensure_master_addr_port
+
+    os.environ["RANK"] = str(args.process_index)
+    os.environ["LOCAL_RANK"] = str(args.local_process_index)
+    os.environ["WORLD_SIZE"] = str(args.world_size)
+    ensure_master_addr_port()
+
+
+def _cpu_kv_cache() -> dict[str, int]:
+    """`kv_cache_memory_bytes` for an engine on vLLM's CPU build where `VLLM_CPU_KVCACHE_SPACE` is unset
+    (`CPU_KV_CACHE_GIB`); nothing on other platforms (a GPU's cache follows `vllm_gpu_memory_utilization`) or where
+    the variable is set (vLLM reads it)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return {}
+    logger.info(
+        "vLLM's CPU build: a %d GiB KV cache per engine (VLLM_CPU_KVCACHE_SPACE is unset; export it, in GiB, for "
+        "another size).",
+        CPU_KV_CACHE_GIB,
+    )
+    return {"kv_cache_memory_bytes": CPU_KV_CACHE_GIB * 1024**3}
 
 
 def _dtype(model: nn.Module) -> str:

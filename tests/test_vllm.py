@@ -16,10 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-# vLLM's CPU build: a 1 GiB KV cache (unset, it takes most of the machine's memory), the in-process engine, no core
-# pinning on a shared machine. Read by vLLM when an engine starts.
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# No core pinning on this shared machine (a choice for CI, not a need). Nothing else is set: the engines must work
+# from a bare shell (see `bare_vllm_environment`).
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 import pytest  # noqa: E402
@@ -29,7 +27,7 @@ from peft import LoraConfig  # noqa: E402
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: E402
 from multiagent_trl.testing import tiny_model_path  # noqa: E402
-from multiagent_trl.vllm_engine import AgentSampling, check_vllm_installed  # noqa: E402
+from multiagent_trl.vllm_engine import CPU_KV_CACHE_GIB, AgentSampling, check_vllm_installed  # noqa: E402
 
 from .conftest import recording  # noqa: E402
 
@@ -109,6 +107,17 @@ TEAMS = {
 
 
 @pytest.fixture(autouse=True)
+def bare_vllm_environment(monkeypatch):
+    """Each test starts without the variables a user may not have exported: `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the
+    in-process engine a full-weight sync needs; issue 28 item 7: without it, separate models crashed at their first
+    sync with "'LLMEngine' object has no attribute 'model_executor'") and `VLLM_CPU_KVCACHE_SPACE` (the library's
+    default applies). vLLM sets the first itself when an in-process engine starts, so it is removed before every
+    test."""
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def release_engines():
     """Free each test's engines after it: a trainer sits in reference cycles, and every engine holds its own KV cache
     (1 GiB here), so without a collection they pile up in the test process."""
@@ -152,6 +161,10 @@ def test_vllm_team_generates_trains_and_syncs(vllm_available, tmp_path, kind):
         **TEAMS[kind],
     )
     assert len(trainer._vllm.engines) == (1 if kind == "lora" else 2)  # a LoRA team shares one engine
+    for llm in trainer._vllm.engines:
+        assert hasattr(llm.llm_engine, "model_executor")  # in this process, whatever the environment
+        if not torch.cuda.is_available():  # the CPU build's KV cache: the library's default, the variable unset
+            assert llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == CPU_KV_CACHE_GIB * 1024**3
     check_trains_and_syncs(trainer, kind)
 
 

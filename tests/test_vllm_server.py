@@ -15,9 +15,10 @@ from peft import LoraConfig
 from multiagent_trl import MultiAgentGRPOTrainer
 from multiagent_trl.testing import tiny_model_path
 
-from .test_vllm import (  # noqa: F401 (release_engines: an autouse fixture)
+from .test_vllm import (  # noqa: F401 (bare_vllm_environment, release_engines: autouse fixtures)
     PROMPTS,
     TEAMS,
+    bare_vllm_environment,
     check_trains_and_syncs,
     length_ratio,
     release_engines,
@@ -40,7 +41,8 @@ def servers(vllm_available, tmp_path_factory):
     from multiagent_trl.vllm_server import SERVER_ENV, serve_command
 
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}  # the server's own engine
-    env.update(SERVER_ENV, HF_HUB_OFFLINE="1")
+    # A 1 GiB KV cache each, as the docs' command sets it: unset, each server takes most of the machine's memory.
+    env.update(SERVER_ENV, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
     logs = tmp_path_factory.mktemp("servers")
     processes, urls = [], []
     for k, adapters in enumerate((2, 0, 0)):

@@ -4,18 +4,15 @@ vLLM's log-probs and the model's at every step (TRL's importance-sampling metric
 holds the weights of the last step)."""
 
 import json
-import os
 import sys
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+# Neither `VLLM_ENABLE_V1_MULTIPROCESSING` nor `VLLM_CPU_KVCACHE_SPACE` is set here or by the test that launches
+# this: each rank's engines must start as they do from a bare shell.
+from datasets import Dataset
+from peft import LoraConfig
 
-from datasets import Dataset  # noqa: E402
-from peft import LoraConfig  # noqa: E402
-
-from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: E402
-from multiagent_trl.testing import tiny_model_path  # noqa: E402
+from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from multiagent_trl.testing import tiny_model_path
 
 
 def length_ratio(completions1, completions2):
