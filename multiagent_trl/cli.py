@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
+from . import hub
 from .comlrl import COMLRL_TWINS, MAGRPOConfig, MAGRPOTrainer
 from .config import MultiAgentGRPOConfig
 from .trainer import MultiAgentGRPOTrainer
@@ -200,13 +201,42 @@ def parse_args(argv: list[str]) -> tuple[str, TeamArguments, MultiAgentGRPOConfi
     return argv[0], script_args, config, model_args, dataset_args
 
 
+def is_saved_dataset(path: str) -> bool:
+    """Whether `path` is a folder written by `datasets`' `save_to_disk` (a `Dataset` or a `DatasetDict`)."""
+    from datasets import config
+
+    names = (config.DATASET_STATE_JSON_FILENAME, config.DATASETDICT_JSON_FILENAME)
+    return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, name)) for name in names)
+
+
+def load_saved_dataset(path: str, script_args: TeamArguments):
+    """A `save_to_disk` folder as a `DatasetDict` (a saved `Dataset` is the `--dataset_train_split` split), streamed
+    with `--dataset_streaming`. `load_dataset` refuses such a folder, and `trl grpo` does not read one."""
+    from datasets import Dataset, DatasetDict, IterableDatasetDict, load_from_disk
+
+    if script_args.dataset_config is not None:
+        raise ValueError(
+            f"--dataset_config {script_args.dataset_config!r} names a configuration of a Hub dataset, but "
+            f"--dataset_name {path!r} is a `save_to_disk` folder, which has none: drop --dataset_config."
+        )
+    dataset = load_from_disk(path)
+    if isinstance(dataset, Dataset):
+        dataset = DatasetDict({script_args.dataset_train_split: dataset})
+    if script_args.dataset_streaming:
+        dataset = IterableDatasetDict({split: data.to_iterable_dataset() for split, data in dataset.items()})
+    return dataset
+
+
 def load_datasets(script_args: TeamArguments, config: MultiAgentGRPOConfig, dataset_args: DatasetMixtureConfig):
-    """The train and eval datasets, read as `trl grpo` reads them (`load_dataset(--dataset_name)` or a mixture)."""
+    """The train and eval datasets, read as `trl grpo` reads them (`load_dataset(--dataset_name)` or a mixture); a
+    `--dataset_name` folder written by `save_to_disk` is read with `load_from_disk`."""
     from datasets import load_dataset
     from trl import get_dataset
 
     if dataset_args.datasets:
         dataset = get_dataset(dataset_args)
+    elif script_args.dataset_name and is_saved_dataset(script_args.dataset_name):
+        dataset = load_saved_dataset(script_args.dataset_name, script_args)
     elif script_args.dataset_name:
         dataset = load_dataset(
             script_args.dataset_name, name=script_args.dataset_config, streaming=script_args.dataset_streaming
@@ -273,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     # every save) are turned off.
     push, config.push_to_hub = config.push_to_hub, False
     trainer = build_trainer(command, script_args, config, model_args, dataset_args)
+    if push:  # a repo name the Hub refuses fails now, not after training
+        hub.team_repo_names(hub.hub_base_name(config), trainer.num_agents, script_args.hub_single_repo)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     trainer.save_model(config.output_dir)
     trainer.accelerator.print(f"Saved {trainer.num_agents} agents to {config.output_dir}/agent_*/.")

@@ -3,7 +3,9 @@ agent with a model card that says which team it belongs to, its role, the joint 
 
 The trainer's `push_to_hub` calls `push_team`. Everything up to the upload is done by `write_team_folder`, which
 writes the folders exactly as they are uploaded (the agents' `save_model` folders plus their `README.md` cards), so
-that a test can read them without the network; the cards are built from plain data by `agent_card`.
+that a test can read them without the network; the cards are built from plain data by `agent_card`. What can fail is
+decided before any repo is created: the repo names (`team_repo_names`, which the CLI checks before training too) and
+what the cards say (`card_details`). The cards read nothing from the training dataset that a stream lacks.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 if TYPE_CHECKING:
+    from .config import MultiAgentGRPOConfig
     from .trainer import MultiAgentGRPOTrainer
 
 # The config fields a card shows: what a reader needs to know how the team was trained.
@@ -38,6 +42,11 @@ CARD_FIELDS = (
     "max_steps",
     "seed",
 )
+# What a trainer's `log_history` holds beside an agent's metrics: Trainer's bookkeeping, the run summary
+# (`train_runtime`, ...), evaluations and the team's shared counters. A team of one logs its metrics among them, under
+# TRL's own names (a team of several under `agent_{i}/`).
+RUN_KEYS = ("epoch", "step", "total_flos", "learning_rate", "step_time", "num_tokens")
+RUN_PREFIXES = ("train_", "eval_", "test_")
 
 
 def agent_repo_ids(base: str, num_agents: int) -> list[str]:
@@ -49,17 +58,53 @@ def agent_repo_ids(base: str, num_agents: int) -> list[str]:
     return [f"{base}-agent-{i}" for i in range(num_agents)]
 
 
-def last_agent_metrics(log_history: Sequence[dict[str, Any]], agent: int) -> dict[str, float]:
-    """The last logged value of each metric under `agent_{agent}/` in a trainer's `state.log_history`.
+def hub_base_name(args: MultiAgentGRPOConfig, repo_id: str | None = None) -> str:
+    """The name a team's repos are named from: `repo_id`, else `args.hub_model_id`, else the name of `output_dir`."""
+    return repo_id or args.hub_model_id or Path(args.output_dir).name
+
+
+def team_repo_names(base: str, num_agents: int, single_repo: bool = False) -> list[str]:
+    """The repos a team is pushed to (one per agent, or `base` alone with `single_repo`), each checked as a Hub repo
+    id, so that a bad name fails before training and before any repo is created.
+
+    >>> team_repo_names("me/story-team", 2)
+    ['me/story-team-agent-0', 'me/story-team-agent-1']
+    """
+    names = [base] if single_repo else agent_repo_ids(base, num_agents)
+    for name in names:
+        try:
+            validate_repo_id(name)
+        except HFValidationError as err:
+            raise ValueError(
+                f"Cannot push the team to {name!r}: {err} Give a valid repo id as `hub_model_id` (`--hub_model_id`) "
+                "or `push_to_hub(repo_id=...)`; without one, the name of `output_dir` is used."
+            ) from err
+    return names
+
+
+def last_agent_metrics(
+    log_history: Sequence[dict[str, Any]], agent: int, prefix: str | None = None
+) -> dict[str, float]:
+    """The last logged value of each of agent `agent`'s metrics in a trainer's `state.log_history`: those under
+    `prefix`, by default `agent_{agent}/`. With `prefix=""` (a team of one, which logs TRL's own names), every metric
+    but Trainer's bookkeeping and summaries (`RUN_KEYS`, `RUN_PREFIXES`).
 
     >>> history = [{"agent_0/reward": 0.1, "loss": 1.0}, {"agent_0/reward": 0.5, "agent_1/reward": 0.2}]
     >>> last_agent_metrics(history, 0)
     {'agent_0/reward': 0.5}
+    >>> last_agent_metrics([{"reward": 0.5, "loss": 1.0, "epoch": 1.0}, {"train_runtime": 9.0}], 0, prefix="")
+    {'reward': 0.5, 'loss': 1.0}
     """
-    prefix = f"agent_{agent}/"
+    prefix = f"agent_{agent}/" if prefix is None else prefix
+
+    def is_metric(key: str) -> bool:
+        if prefix:
+            return key.startswith(prefix)
+        return key not in RUN_KEYS and not key.startswith(RUN_PREFIXES)
+
     metrics: dict[str, float] = {}
     for entry in log_history:
-        metrics.update({k: v for k, v in entry.items() if k.startswith(prefix) and isinstance(v, (int, float))})
+        metrics.update({k: v for k, v in entry.items() if is_metric(k) and isinstance(v, (int, float))})
     return metrics
 
 
@@ -205,18 +250,62 @@ def run_links() -> dict[str, str]:
     return links
 
 
+def example_row(trainer: MultiAgentGRPOTrainer) -> dict[str, Any] | None:
+    """The training row whose prompts a card shows: a map-style dataset's first row; for a stream, which has no row 0
+    (and reading it again may reach the network), the first row the trainer trained on; `None` when there is none
+    (a stream not trained on yet, or no training dataset)."""
+    from datasets import Dataset
+
+    dataset = trainer.train_dataset
+    if isinstance(dataset, Dataset):
+        return dataset[0] if len(dataset) else None
+    return trainer._first_train_row
+
+
 def agent_role(trainer: MultiAgentGRPOTrainer, agent: int) -> str:
-    """Agent `agent`'s role, in words: its formatter's name (if it has one) and its prompt for the first train row."""
+    """Agent `agent`'s role, in words: its formatter's name (if it has one) and its prompt for a training row
+    (`example_row`)."""
     from trl.trainer.utils import get_callable_name
 
     formatter = trainer.formatters[agent] if trainer.formatters else None
-    row = trainer.train_dataset[0] if trainer.train_dataset is not None and len(trainer.train_dataset) else None
+    row = example_row(trainer)
     lines = [f"Formatter: `{get_callable_name(formatter)}`." if formatter else "No formatter: the dataset's prompt."]
     if row is not None:
         prompt = formatter(row) if formatter else row.get("prompt")
         if prompt is not None:
-            lines.append(f"Example prompt (first training row):\n\n```text\n{prompt}\n```")
+            lines.append(f"Example prompt (a training row):\n\n```text\n{prompt}\n```")
     return "\n\n".join(lines)
+
+
+def card_details(trainer: MultiAgentGRPOTrainer) -> list[dict[str, Any]]:
+    """What each agent's card says about its training, as `agent_card` arguments (one dict per agent): its role, the
+    joint reward, its config and metrics, its base model and the run's pages. `push_team` builds them before creating
+    any repo, so that what can fail here fails before anything is on the Hub."""
+    from trl.trainer.utils import get_config_model_id
+
+    models = trainer.model.models()
+    weights = trainer.reward_weights.tolist() if getattr(trainer, "reward_weights", None) is not None else None
+    names = list(trainer.reward_func_names)
+    if weights is not None and any(w != 1.0 for w in weights):
+        names = [f"{name} (weight {w:g})" for name, w in zip(names, weights)]
+    links = run_links()
+    details = []
+    for i in range(trainer.num_agents):
+        model = models[i] if len(models) > 1 else models[0]
+        base_model = get_config_model_id(model.config) or None
+        if base_model is not None and os.path.isdir(base_model):  # as TRL's cards: a local folder is no Hub id
+            base_model = None
+        details.append(
+            {
+                "role": agent_role(trainer, i),
+                "reward_names": names,
+                "config": card_config(trainer.args, i),
+                "metrics": last_agent_metrics(trainer.state.log_history, i, trainer.agent_metric_prefix(i)),
+                "base_model": base_model,
+                "run_links": links,
+            }
+        )
+    return details
 
 
 def write_team_folder(
@@ -227,46 +316,33 @@ def write_team_folder(
     dataset_name: str | None = None,
     tags: Sequence[str] = (),
     save: bool = True,
+    details: list[dict[str, Any]] | None = None,
 ) -> list[tuple[str, str]]:
     """Write the team to `folder` as it is uploaded, and return the uploads: `(repo id, local folder)` pairs.
 
     Each agent goes to `folder/agent_{i}/` (`trainer.save_model(folder)`, skipped with `save=False`) with its
     `README.md` card. With `single_repo`, `repo_ids` holds one id, `folder` holds a team `README.md` too, and the one
-    upload is `folder`'s `README.md` and `agent_*/` folders; otherwise one upload per agent folder.
+    upload is `folder`'s `README.md` and `agent_*/` folders; otherwise one upload per agent folder. `details` are the
+    cards' `card_details`, built here when `None`.
     """
-    from trl.trainer.utils import get_config_model_id
-
-    if save:
-        trainer.save_model(folder, _internal_call=True)  # not a push of its own with `args.push_to_hub`
     num_agents = trainer.num_agents
     ids = [repo_ids[0]] * num_agents if single_repo else list(repo_ids)
     if len(ids) != num_agents:
         raise ValueError(f"{len(ids)} repo ids for {num_agents} agents: give one per agent (or single_repo=True).")
-    models = trainer.model.models()
-    weights = trainer.reward_weights.tolist() if getattr(trainer, "reward_weights", None) is not None else None
-    names = list(trainer.reward_func_names)
-    if weights is not None and any(w != 1.0 for w in weights):
-        names = [f"{name} (weight {w:g})" for name, w in zip(names, weights)]
-    cards, links = [], run_links()
+    details = card_details(trainer) if details is None else details
+    if save:
+        trainer.save_model(folder, _internal_call=True)  # not a push of its own with `args.push_to_hub`
+    cards = []
     for i in range(num_agents):
         agent_dir = os.path.join(folder, f"agent_{i}")
-        model = models[i] if len(models) > 1 else models[0]
-        base_model = get_config_model_id(model.config) or None
-        if base_model is not None and os.path.isdir(base_model):  # as TRL's cards: a local folder is no Hub id
-            base_model = None
         card = agent_card(
             i,
             ids,
-            role=agent_role(trainer, i),
-            reward_names=names,
-            config=card_config(trainer.args, i),
-            metrics=last_agent_metrics(trainer.state.log_history, i),
-            base_model=base_model,
+            **details[i],
             dataset_name=dataset_name,
             tags=tags,
             subfolder=f"agent_{i}" if single_repo else None,
             adapter=os.path.exists(os.path.join(agent_dir, "adapter_config.json")),
-            run_links=links,
         )
         card.save(os.path.join(agent_dir, "README.md"))
         cards.append(card)
@@ -297,22 +373,24 @@ def push_team(
     one).
 
     `repo_id` defaults to `args.hub_model_id`, else the name of `args.output_dir`; without a namespace the repos go
-    to the token's user. Every process must call this (saving may need all of them); only the main one uploads.
+    to the token's user. Every process must call this (saving may need all of them); only the main one uploads. The
+    names and the cards' contents are checked and built before any repo is created.
     """
     from huggingface_hub import HfApi
 
     args = trainer.args
-    base = repo_id or args.hub_model_id or Path(args.output_dir).name
+    names = team_repo_names(hub_base_name(args, repo_id), trainer.num_agents, single_repo)
     token = token if token is not None else args.hub_token
     private = private if private is not None else args.hub_private_repo
     trainer.save_model(args.output_dir, _internal_call=True)  # Trainer.save_model would push with args.push_to_hub
     if not trainer.is_world_process_zero():
         return []
+    details = card_details(trainer)
     api = HfApi(token=token)
-    names = [base] if single_repo else agent_repo_ids(base, trainer.num_agents)
-    # Created first: the Hub resolves the namespace, and the cards link the agents by their full ids.
+    # Created before the cards are written: the Hub resolves the namespace, and the cards link the agents by their
+    # full ids.
     ids = [api.create_repo(name, private=private, exist_ok=True).repo_id for name in names]
-    uploads = write_team_folder(trainer, args.output_dir, ids, single_repo, dataset_name, tags, save=False)
+    uploads = write_team_folder(trainer, args.output_dir, ids, single_repo, dataset_name, tags, False, details)
     urls = []
     for repo, path in uploads:
         patterns = ["README.md", "agent_*/**"] if single_repo else None

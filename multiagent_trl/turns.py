@@ -11,7 +11,9 @@ conventions are accepted, told apart by the function's signature:
   played; it returns one prompt per agent (text or a conversation), used as it is.
 - CoMLRL's keyword convention: `external_transition(prompt=, agent_completions=, num_agents=,
   prompt_history_per_agent=, response_history_per_agent=)`; its prompts go through each agent's formatter as
-  `formatter(row, external_prompts=prompt)` unless `external_prompt_passthrough=True`.
+  `formatter(row, external_prompts=prompt)` unless `external_prompt_passthrough=True`. A function that names one of
+  these keywords, or that takes them but not three positional arguments (`transition(**kwargs)`: CoMLRL calls every
+  transition with keywords only), is called this way.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any
 from .rollout_tree import Level, Node, paths, sample_members
 
 COMLRL_TRANSITION_PARAMETERS = ("agent_completions", "prompt_history_per_agent", "response_history_per_agent")
+# Every keyword CoMLRL passes to a transition (it passes nothing by position).
+COMLRL_TRANSITION_KEYWORDS = ("prompt", "num_agents", *COMLRL_TRANSITION_PARAMETERS)
 
 
 def transition_style(func: Callable) -> str:
@@ -34,23 +38,35 @@ def transition_style(func: Callable) -> str:
     'native'
     >>> transition_style(lambda prompt, agent_completions, **kwargs: [])
     'comlrl'
+    >>> transition_style(lambda **kwargs: [])  # CoMLRL passes keywords only, so this works there
+    'comlrl'
     """
     if not callable(func):
         raise TypeError(f"`external_transition` must be a callable; got {type(func).__name__}.")
     try:
-        parameters = inspect.signature(func).parameters
+        signature = inspect.signature(func)
     except (TypeError, ValueError) as err:
         raise TypeError("Cannot read the signature of `external_transition`.") from err
+    parameters = signature.parameters
     if any(name in parameters for name in COMLRL_TRANSITION_PARAMETERS):
         return "comlrl"
-    positional = [p for p in parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) < 3 and not any(p.kind == p.VAR_POSITIONAL for p in parameters.values()):
-        raise TypeError(
-            "`external_transition` must take `(row, histories, turn)` and return one prompt per agent (or use "
-            "CoMLRL's keywords `prompt, agent_completions, num_agents, prompt_history_per_agent, "
-            f"response_history_per_agent`); it takes ({', '.join(parameters)})."
-        )
-    return "native"
+    if _accepts(signature, None, None, None):  # (row, histories, turn)
+        return "native"
+    if _accepts(signature, **dict.fromkeys(COMLRL_TRANSITION_KEYWORDS)):
+        return "comlrl"
+    raise TypeError(
+        "`external_transition` must take `(row, histories, turn)` and return one prompt per agent (or use "
+        "CoMLRL's keywords `prompt, agent_completions, num_agents, prompt_history_per_agent, "
+        f"response_history_per_agent`); it takes ({', '.join(parameters)})."
+    )
+
+
+def _accepts(signature: inspect.Signature, *args: Any, **kwargs: Any) -> bool:
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError:
+        return False
+    return True
 
 
 @dataclass

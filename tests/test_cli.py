@@ -12,7 +12,14 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from multiagent_trl import MAGRPOConfig, MultiAgentGRPOConfig
-from multiagent_trl.cli import TeamArguments, import_object, parse_args, per_agent_reward, reward_functions
+from multiagent_trl.cli import (
+    TeamArguments,
+    import_object,
+    load_datasets,
+    parse_args,
+    per_agent_reward,
+    reward_functions,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,11 +195,9 @@ def test_end_to_end(workdir, tiny_path, command, team_flags):
         AutoTokenizer.from_pretrained(folder)
 
 
-def test_push_to_hub_flag_pushes_the_team(workdir, tiny_path, monkeypatch):
-    """`--push_to_hub --hub_single_repo` pushes one repo with `agent_i/` folders and their cards at the end (the Hub
-    client is faked; nothing is pushed during training)."""
-    from multiagent_trl.cli import main
-
+@pytest.fixture
+def hub_calls(monkeypatch):
+    """The Hub client, faked (the Hub is unreachable in tests): each repo creation and upload, in order."""
     calls = []
 
     class FakeApi:
@@ -207,6 +212,71 @@ def test_push_to_hub_flag_pushes_the_team(workdir, tiny_path, monkeypatch):
             calls.append(("upload", repo_id, Path(folder_path).name, allow_patterns))
 
     monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
+    return calls
+
+
+PUSH_ARGV = ["grpo", "--num_agents", "2", "--dataset_name", "data", "--reward_funcs", "team_code.ratio",
+             "--output_dir", "out", "--max_steps", "1", "--num_generations", "2",
+             "--per_device_train_batch_size", "2", "--max_completion_length", "8", "--report_to", "none",
+             "--save_strategy", "no", "--push_to_hub"]  # fmt: skip
+
+
+def test_streaming_dataset_and_push_to_hub(workdir, tiny_path, monkeypatch, hub_calls):
+    """`--dataset_streaming --push_to_hub`: the cards are written from what training saw (a stream has no length)."""
+    from multiagent_trl.cli import main
+
+    monkeypatch.chdir(workdir)
+    monkeypatch.syspath_prepend(str(workdir))
+    argv = [*PUSH_ARGV, "--model_name_or_path", tiny_path, "--dataset_streaming", "--hub_model_id", "me/team"]
+    assert main(argv) == 0
+    assert [call[:2] for call in hub_calls] == [
+        ("create", "me/team-agent-0"),
+        ("create", "me/team-agent-1"),
+        ("upload", "me/team-agent-0"),
+        ("upload", "me/team-agent-1"),
+    ]
+    card = (workdir / "out" / "agent_0" / "README.md").read_text()
+    assert "Example prompt (a training row)" in card and "me/team-agent-1" in card
+
+
+def test_a_bad_repo_name_fails_before_training(workdir, tiny_path, monkeypatch, hub_calls):
+    from multiagent_trl.cli import main
+
+    monkeypatch.chdir(workdir)
+    monkeypatch.syspath_prepend(str(workdir))
+    argv = [*PUSH_ARGV, "--model_name_or_path", tiny_path, "--hub_model_id", "me/my team"]
+    with pytest.raises(ValueError, match=r"Cannot push the team to 'me/my team-agent-0'.*`hub_model_id`"):
+        main(argv)
+    assert hub_calls == [] and not (workdir / "out" / "agent_0").exists()  # nothing trained, saved or created
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streaming"])
+@pytest.mark.parametrize("saved", ["dataset_dict", "dataset"])
+def test_dataset_name_takes_a_save_to_disk_folder(tmp_path, saved, streaming):
+    from datasets import DatasetDict, IterableDataset
+
+    train = Dataset.from_dict({"prompt": ["Describe a city:", "Tell a joke:"]})
+    data = DatasetDict(train=train, test=train.select([0])) if saved == "dataset_dict" else train
+    data.save_to_disk(str(tmp_path / "saved"))
+    argv = ["grpo", "--model_name_or_path", "m", "--dataset_name", str(tmp_path / "saved"), "--output_dir", "o",
+            "--eval_strategy", "steps", *(["--dataset_streaming"] if streaming else [])]  # fmt: skip
+    _, script_args, config, _, dataset_args = parse_args(argv)
+    train_dataset, eval_dataset = load_datasets(script_args, config, dataset_args)
+    assert isinstance(train_dataset, IterableDataset if streaming else Dataset)
+    assert [row["prompt"] for row in train_dataset] == train["prompt"]
+    if saved == "dataset_dict":
+        assert [row["prompt"] for row in eval_dataset] == ["Describe a city:"]
+    else:
+        assert eval_dataset is None  # one split: the train split
+
+
+def test_push_to_hub_flag_pushes_the_team(workdir, tiny_path, monkeypatch, hub_calls):
+    """`--push_to_hub --hub_single_repo` pushes one repo with `agent_i/` folders and their cards at the end (the Hub
+    client is faked; nothing is pushed during training)."""
+    from multiagent_trl.cli import main
+
+    calls = hub_calls
+
     monkeypatch.chdir(workdir)
     monkeypatch.syspath_prepend(str(workdir))
     argv = ["grpo", "--model_name_or_path", tiny_path, "--num_agents", "2", "--dataset_name", "data",

@@ -5,7 +5,10 @@ must name the team, the agent's role, the joint reward, the config and the agent
 load with `from_pretrained`.
 """
 
+import re
+
 import pytest
+from datasets import Dataset
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,9 +115,9 @@ def test_last_agent_metrics_and_card_from_plain_data():
     assert "| `agent_1/reward` | 0.75 |" in card and 'from_pretrained("u/t-agent-1")' in card
 
 
-def test_push_to_hub_is_the_team_push(monkeypatch, trained):
-    """`trainer.push_to_hub` creates one repo per agent and uploads each agent folder (the Hub client is faked)."""
-    trainer, _ = trained
+@pytest.fixture
+def hub_calls(monkeypatch):
+    """The Hub client, faked (the Hub is unreachable in tests): each repo creation and upload, in order."""
     calls = []
 
     class FakeApi:
@@ -129,6 +132,13 @@ def test_push_to_hub_is_the_team_push(monkeypatch, trained):
             calls.append(("upload", repo_id, folder_path.rsplit("/", 1)[-1]))
 
     monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
+    return calls
+
+
+def test_push_to_hub_is_the_team_push(hub_calls, trained):
+    """`trainer.push_to_hub` creates one repo per agent and uploads each agent folder (the Hub client is faked)."""
+    trainer, _ = trained
+    calls = hub_calls
     urls = trainer.push_to_hub(repo_id="story", dataset_name="local/prompts")
     assert urls == ["https://huggingface.co/user/story-agent-0", "https://huggingface.co/user/story-agent-1"]
     assert calls == [
@@ -137,3 +147,54 @@ def test_push_to_hub_is_the_team_push(monkeypatch, trained):
         ("upload", "user/story-agent-0", "agent_0"),
         ("upload", "user/story-agent-1", "agent_1"),
     ]
+
+
+def example_prompt(card: str) -> str:
+    return re.search(r"Example prompt[^\n]*\n\n```text\n(.*?)\n```", card, re.S).group(1)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streaming"])
+def test_cards_and_push_after_training_on_either_kind_of_dataset(tmp_path, tiny_path, hub_calls, streaming):
+    """A stream has no length and no row 0: the card's example prompt is then the first row trained on."""
+    prompts = ["a story", "a poem", "a joke", "a song"]
+    dataset = Dataset.from_dict({"prompt": prompts})
+    args = small_args(tmp_path, num_agents=2, max_steps=1, per_device_train_batch_size=4, num_generations=2)
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_ratio,
+        args=args,
+        train_dataset=dataset.to_iterable_dataset() if streaming else dataset,
+        formatters=[planner, writer],
+    )
+    trainer.train()
+    write_team_folder(trainer, str(tmp_path / "hub"), agent_repo_ids("me/team", 2))
+    for i, role in ((0, "Plan: "), (1, "Write: ")):
+        example = example_prompt((tmp_path / "hub" / f"agent_{i}" / "README.md").read_text())
+        assert example == role + "a story" if not streaming else example.removeprefix(role) in prompts
+    urls = trainer.push_to_hub(repo_id="me/story")
+    assert urls == ["https://huggingface.co/me/story-agent-0", "https://huggingface.co/me/story-agent-1"]
+    assert [call[0] for call in hub_calls] == ["create", "create", "upload", "upload"]
+
+
+def test_push_checks_the_repo_names_before_creating_any(trained, hub_calls):
+    trainer, _ = trained
+    with pytest.raises(ValueError, match=r"'me/a story-agent-0'.*`hub_model_id`"):
+        trainer.push_to_hub(repo_id="me/a story")
+    assert hub_calls == []
+
+
+def test_a_team_of_one_card_shows_its_metrics(tmp_path, tiny_path, prompts_dataset):
+    """A team of one logs TRL's own metric names, without the `agent_0/` prefix."""
+    args = small_args(tmp_path, max_steps=1, per_device_train_batch_size=4, num_generations=2)
+
+    def brevity(completions, **kwargs):
+        return [-len(c) / 10 for c in completions]
+
+    trainer = MultiAgentGRPOTrainer(model=tiny_path, reward_funcs=brevity, args=args, train_dataset=prompts_dataset)
+    trainer.train()
+    write_team_folder(trainer, str(tmp_path / "hub"), agent_repo_ids("me/solo", 1))
+    card = (tmp_path / "hub" / "agent_0" / "README.md").read_text()
+    metrics = card.split("## Training metrics")[1].split("## Usage")[0]
+    assert "(none logged)" not in metrics
+    assert "| `reward` |" in metrics and "| `loss` |" in metrics
+    assert "`epoch`" not in metrics and "`train_runtime`" not in metrics  # the Trainer's run summary is no metric
