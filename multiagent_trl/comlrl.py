@@ -1,5 +1,5 @@
 """CoMLRL compatibility: its reinforce family (`MAGRPO`, `MAREINFORCE`, `MAReMax`, `MARLOO`) with CoMLRL 1.4.3's
-names, arguments, defaults and checks, translated onto [`MultiAgentGRPOConfig`] and [`MultiAgentGRPOTrainer`].
+names, arguments, defaults and checks, translated onto `MultiAgentGRPOConfig` and `MultiAgentGRPOTrainer`.
 
 A script written for the reference library CoMLRL runs with only its import lines changed:
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from datasets import Dataset
 from peft import PeftConfig
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -66,7 +67,7 @@ WANDB_CONFIG_KEYS = ("project", "entity", "name", "run_name", "dir", "tags", "co
 @dataclass
 class MAGRPOConfig(MultiAgentGRPOConfig):
     r"""
-    [`MultiAgentGRPOConfig`] that accepts every field of the reference library CoMLRL 1.4.3's `MAGRPOConfig`, with
+    `MultiAgentGRPOConfig` that accepts every field of the reference library CoMLRL 1.4.3's `MAGRPOConfig`, with
     its defaults and its checks, so that a CoMLRL script runs with only its import lines changed. Each CoMLRL field
     maps onto a GRPO or team field; the GRPO names work too. Where a CoMLRL field is set it wins over its GRPO twin.
 
@@ -79,7 +80,7 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
             Turns per episode (CoMLRL's default: a script that trains one turn says `num_turns=1`); more than one
             needs the trainer's `external_transition`. The rollout is CoMLRL's tree (`rollout="tree"`): every joint
             sample of a turn spawns a node of `num_generations` joint samples at the next; `joint_mode` and
-            `external_prompt_passthrough` are the same fields as in [`MultiAgentGRPOConfig`].
+            `external_prompt_passthrough` are the same fields as in `MultiAgentGRPOConfig`.
         discount (`float`, *optional*, defaults to `1.0`):
             Accepted as CoMLRL accepts it, and, as in CoMLRL 1.4.3, unused: training returns are undiscounted
             (`discount` is set to 1.0, and a value other than 1.0 is warned about once; the given value stays in
@@ -87,6 +88,10 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
         early_termination_threshold (`float` or `None`, *optional*, defaults to `-0.2`):
             A node whose mean joint reward exceeds it has no children (CoMLRL's node-level termination). `None` runs
             every turn.
+        ended_return (`str`, *optional*, defaults to `"reward"`):
+            An ended node's samples return their reward alone, CoMLRL's sum of the rewards received (the core's
+            default, `"stand"`, counts their last reward again for each remaining turn, so that finishing sooner is
+            never worth less than finishing later).
         cross_credit (`str`, *optional*, defaults to `"sum"`):
             With `joint_mode="cross"`, a completion is credited with the sum of the returns of the tuples that hold
             it, as CoMLRL does (the core's default is the mean; the two differ without `advantage_normalization`).
@@ -166,6 +171,14 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
     )
     early_termination_threshold: float | None = field(
         default=-0.2, metadata={"help": "End a trajectory after a turn whose joint reward exceeds this (CoMLRL)."}
+    )
+    ended_return: str = field(
+        default="reward",
+        metadata={
+            "help": "An ended node returns its 'reward' alone (CoMLRL's sum) or lets it 'stand' for the remaining "
+            "turns.",
+            "choices": ["stand", "reward"],
+        },
     )
     advantage_normalization: bool = field(
         default=True, metadata={"help": "Scale advantages by the group std (maps to scale_rewards)."}
@@ -352,7 +365,7 @@ class _WandbSections(TrainerCallback):
 
 
 class MAGRPOTrainer(MultiAgentGRPOTrainer):
-    """[`MultiAgentGRPOTrainer`] with every argument of CoMLRL 1.4.3's `MAGRPOTrainer`, in its order.
+    """`MultiAgentGRPOTrainer` with every argument of CoMLRL 1.4.3's `MAGRPOTrainer`, in its order.
 
     Each CoMLRL argument maps onto the core (`docs/comlrl-users.md` lists them): `agent_model` + `num_agents` or
     `agents` -> `model`, `tokenizer` -> `processing_class`, `reward_func` -> `reward_funcs`, `model_config` -> how
@@ -374,7 +387,8 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
             agents loaded by name, `model_kwargs` (more `from_pretrained` arguments), `special_tokens` (added to
             each tokenizer; each agent's embeddings are resized to match), `name` (informational).
         train_dataset, eval_dataset, reward_func, reward_processor, formatters, external_transition:
-            As in CoMLRL: see [`MultiAgentGRPOTrainer`] (`reward_func` is its `reward_funcs`).
+            As in CoMLRL: see `MultiAgentGRPOTrainer` (`reward_func` is its `reward_funcs`). As in CoMLRL, a
+            trainer without `train_dataset` is built (to evaluate); `train()` then asks for one.
         wandb_config (`dict`, *optional*):
             `project`, `entity`, `name` (or `run_name`), `dir`, `tags`, `id`, `resume`, and `config_sections`
             (recorded in the run's config; `config_sections.output.verbose` sets `verbose`). Turns on
@@ -383,10 +397,10 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
             Called after every evaluation: `eval_logger(agent_completions_turns=..., batch_items=..., prompts=...)`
             returns one metrics dict per evaluated row, and `eval_aggregator(metrics, num_turns=...)` the metrics to
             log (under `eval_`). Both or neither.
-        args ([`MAGRPOConfig`], *optional*):
+        args (`MAGRPOConfig`, *optional*):
             Configuration; `None` uses the class's default config (`MAGRPOConfig()`, `MAREINFORCEConfig()`, ...).
         **kwargs:
-            Every other [`MultiAgentGRPOTrainer`] argument.
+            Every other `MultiAgentGRPOTrainer` argument.
     """
 
     default_config_cls: type[MAGRPOConfig] = MAGRPOConfig
@@ -437,6 +451,11 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
             callback = _apply_wandb_config(args, wandb_config)
             if callback is not None:
                 kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), callback]
+        # CoMLRL builds a trainer without training data (to evaluate, or in its own tests) and asks for the data only
+        # when training; TRL's GRPOTrainer refuses one at construction. An empty dataset stands in until `train()`.
+        without_train_dataset = train_dataset is None
+        if without_train_dataset:
+            train_dataset = Dataset.from_dict({"prompt": []})
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -449,6 +468,8 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
             external_transition=external_transition,
             **kwargs,
         )
+        if without_train_dataset:
+            self.train_dataset = None
         self.model_name = model if isinstance(model, str) else getattr(self.model.config, "_name_or_path", None)
         sections = (wandb_config or {}).get("config_sections") or {}
         output = sections.get("output") if isinstance(sections, dict) else None
@@ -498,8 +519,13 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
             checkpoint_dir: Where checkpoints go (`checkpoint_dir/checkpoint-N/`); sets `args.output_dir`.
             checkpoint_interval: A checkpoint after every this many epochs (and after the last epoch).
             checkpoint_total_limit: Keep at most this many checkpoints (Trainer's `save_total_limit`).
-            **kwargs: [`~transformers.Trainer.train`]'s own (`trial`, `ignore_keys_for_eval`).
+            **kwargs: `transformers.Trainer.train`'s own (`trial`, `ignore_keys_for_eval`).
         """
+        if self.train_dataset is None:
+            raise ValueError(
+                "Training needs a `train_dataset`: this trainer was built without one (as CoMLRL allows, to "
+                "evaluate). Pass `train_dataset=` to the trainer."
+            )
         if (
             isinstance(checkpoint_interval, bool)
             or not isinstance(checkpoint_interval, numbers.Integral)
@@ -581,13 +607,13 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
 
 @dataclass
 class MAREINFORCEConfig(MAGRPOConfig):
-    """[`MAGRPOConfig`] for MAREINFORCE: no baseline (`advantage_mode="raw"`), CoMLRL's default."""
+    """`MAGRPOConfig` for MAREINFORCE: no baseline (`advantage_mode="raw"`), CoMLRL's default."""
 
     advantage_mode: str = field(default="raw", metadata={"help": "Advantage baseline (MAREINFORCE: raw)."})
 
 
 class MAREINFORCETrainer(MAGRPOTrainer):
-    """Multi-agent REINFORCE: [`MAGRPOTrainer`] whose default config has no baseline (`advantage_mode="raw"`)."""
+    """Multi-agent REINFORCE: `MAGRPOTrainer` whose default config has no baseline (`advantage_mode="raw"`)."""
 
     default_config_cls = MAREINFORCEConfig
     algorithm_name = "MAREINFORCE"
@@ -595,13 +621,13 @@ class MAREINFORCETrainer(MAGRPOTrainer):
 
 @dataclass
 class MAReMaxConfig(MAGRPOConfig):
-    """[`MAGRPOConfig`] for MAReMax: the group's best return as baseline (`advantage_mode="max"`)."""
+    """`MAGRPOConfig` for MAReMax: the group's best return as baseline (`advantage_mode="max"`)."""
 
     advantage_mode: str = field(default="max", metadata={"help": "Advantage baseline (MAReMax: max)."})
 
 
 class MAReMaxTrainer(MAGRPOTrainer):
-    """Multi-agent ReMax: [`MAGRPOTrainer`] whose default config uses the group max as baseline."""
+    """Multi-agent ReMax: `MAGRPOTrainer` whose default config uses the group max as baseline."""
 
     default_config_cls = MAReMaxConfig
     algorithm_name = "MAReMax"
@@ -609,13 +635,13 @@ class MAReMaxTrainer(MAGRPOTrainer):
 
 @dataclass
 class MARLOOConfig(MAGRPOConfig):
-    """[`MAGRPOConfig`] for MARLOO: the leave-one-out mean as baseline (`advantage_mode="rloo"`)."""
+    """`MAGRPOConfig` for MARLOO: the leave-one-out mean as baseline (`advantage_mode="rloo"`)."""
 
     advantage_mode: str = field(default="rloo", metadata={"help": "Advantage baseline (MARLOO: rloo)."})
 
 
 class MARLOOTrainer(MAGRPOTrainer):
-    """Multi-agent RLOO: [`MAGRPOTrainer`] whose default config uses the leave-one-out baseline."""
+    """Multi-agent RLOO: `MAGRPOTrainer` whose default config uses the leave-one-out baseline."""
 
     default_config_cls = MARLOOConfig
     algorithm_name = "MARLOO"

@@ -35,7 +35,7 @@ AGENT_SETTINGS = (
 @dataclass
 class MultiAgentGRPOConfig(GRPOConfig):
     r"""
-    Configuration for [`MultiAgentGRPOTrainer`]: every [`~trl.GRPOConfig`] field, applied to each agent, plus the
+    Configuration for `MultiAgentGRPOTrainer`: every `trl.GRPOConfig` field, applied to each agent, plus the
     fields below.
 
     Parameters:
@@ -82,8 +82,14 @@ class MultiAgentGRPOConfig(GRPOConfig):
         early_termination_threshold (`float` or `None`, *optional*, defaults to `None`):
             Ends an episode early (after the reward processor). Tree: a node whose mean joint reward exceeds it has no
             children (no transition, generation or reward call below it). Linear: a trajectory whose joint reward
-            exceeds it plays no more turns, and its answer stands: each remaining turn scores its last reward again
-            (discounted), so finishing early is never ranked below going on. `None` never ends one early.
+            exceeds it plays no more turns. What the ended samples return: `ended_return`. `None` never ends one
+            early.
+        ended_return (`str`, *optional*, defaults to `"stand"`):
+            What a node or trajectory that `early_termination_threshold` ended before the last turn returns. Allowed
+            values: `"stand"`, its answer stands: each remaining turn scores its last reward again, discounted (in
+            both shapes: finishing sooner is never worth less than finishing later at the same reward); `"reward"`,
+            the rewards it received only (CoMLRL's sum; `MAGRPOConfig`'s default), so that with non-negative rewards a
+            later success can return more than an early one.
         max_rollout_completions (`int`, *optional*, defaults to `4096`):
             The most completions one agent may generate for one generation batch on one process, counted before
             training with no early termination (`rollout_tree.tree_completions`); a larger rollout raises at
@@ -146,7 +152,7 @@ class MultiAgentGRPOConfig(GRPOConfig):
     > here when `num_agents` is set and by the trainer otherwise. Read agent i's value with `agent_setting(name, i)`.
 
     > [!NOTE]
-    > Defaults that differ from [`~trl.GRPOConfig`]:
+    > Defaults that differ from `trl.GRPOConfig`:
     > - `bf16`: `None` (unset) resolves to `True` only where a bf16-capable GPU is present, so the same script runs
     >   on a CPU-only machine without turning it off by hand. An explicit `bf16=True` is kept.
     """
@@ -235,6 +241,14 @@ class MultiAgentGRPOConfig(GRPOConfig):
     early_termination_threshold: float | None = field(
         default=None,
         metadata={"help": "End a node (tree) or trajectory (linear) whose joint reward exceeds this (multi-turn)."},
+    )
+    ended_return: str = field(
+        default="stand",
+        metadata={
+            "help": "What an episode ended early by the threshold returns: 'stand' (its last reward for each "
+            "remaining turn, discounted) or 'reward' (the rewards it received: CoMLRL's sum).",
+            "choices": ["stand", "reward"],
+        },
     )
     max_rollout_completions: int = field(
         default=4096,
@@ -365,6 +379,8 @@ class MultiAgentGRPOConfig(GRPOConfig):
             raise ValueError(f"`rollout` must be one of {ROLLOUT_SHAPES}, got {self.rollout!r}.")
         if self.cross_credit not in ("mean", "sum"):
             raise ValueError(f"`cross_credit` must be 'mean' or 'sum', got {self.cross_credit!r}.")
+        if self.ended_return not in ("stand", "reward"):
+            raise ValueError(f"`ended_return` must be 'stand' or 'reward', got {self.ended_return!r}.")
         if self.num_turns > 1 and self.rollout == "linear" and self.joint_mode != "aligned":
             raise ValueError(
                 "`rollout='linear'` with `num_turns > 1` needs `joint_mode='aligned'`: a trajectory continues one "

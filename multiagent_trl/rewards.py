@@ -251,8 +251,8 @@ def bind_reward(func: Callable, num_agents: int, per_sample: bool = False) -> Ca
     agent's list holding that sample's one completion (and `batch_items`, `prompts` one row long), and the first
     value it returns is the sample's reward (a number alone counts as a list of one).
 
-    A function may return one reward per agent for each joint sample (rows of N numbers, or an `(S, N)` tensor):
-    the wrapper then returns their mean to TRL (the team's reward, for logs) and keeps the per-agent values in its
+    A function may return one reward per agent for each joint sample (rows of N numbers or `None`, or an `(S, N)`
+    tensor): the wrapper then returns their `team_reward` to TRL (for logs) and keeps the per-agent values in its
     `agent_rewards` attribute until `pop_agent_rewards` takes them.
     """
     style, passing, keywords = _convention(func, num_agents)
@@ -284,7 +284,7 @@ def bind_reward(func: Callable, num_agents: int, per_sample: bool = False) -> Ca
                 )
         if checked and isinstance(checked[0], list):
             joint_reward.agent_rewards = checked
-            return [sum(row) / len(row) for row in checked]
+            return [team_reward(row) for row in checked]
         return checked
 
     one_per_sample = per_sample and style == COMLRL_STYLE
@@ -329,6 +329,17 @@ def bind_reward(func: Callable, num_agents: int, per_sample: bool = False) -> Ca
     joint_reward.agent_rewards = None
     joint_reward.wants_rows = "batch_items" in keywords
     return joint_reward
+
+
+def team_reward(row: list[float | None]) -> float | None:
+    """The team's reward of one joint sample scored per agent: the mean over the agents that were scored; `None` (no
+    reward) where none was. An agent's `None` is no signal for it, not a 0 for the team.
+
+    >>> team_reward([1.0, None]), team_reward([1.0, 2.0]), team_reward([None, None])
+    (1.0, 1.5, None)
+    """
+    scored = [v for v in row if v is not None]
+    return sum(scored) / len(scored) if scored else None
 
 
 def credit_columns(rewards_per_func, joint, agent_rewards, processor, weights) -> list[torch.Tensor]:

@@ -13,9 +13,16 @@ Two shapes (`MultiAgentGRPOConfig.rollout`):
   `early_termination_threshold` has no children. A node's return for sample j is its reward plus `discount` times
   the mean return of its child's samples. Siblings share one state, so a node's G samples are one advantage group.
 - `"linear"`: G trajectories per prompt; after the root, a node is one trajectory's turn (`width = 1`). A trajectory
-  whose reward passes the threshold ends, and its answer stands: its remaining turns score as its last, so it is never
-  ranked below one that went on for failing. Turn-t advantages compare the G trajectories of one prompt at turn t
+  whose reward passes the threshold ends. Turn-t advantages compare the G trajectories of one prompt at turn t
   (different states: cheaper than the tree, noisier).
+
+In both shapes an ended sample's answer stands (`stand=True`): its remaining turns score as its last reward,
+discounted, so that finishing sooner is never worth less than finishing later at the same reward. `stand=False` is
+CoMLRL's sum: an ended sample returns the rewards it received.
+
+"No reward" (a reward function's `None`, NaN here) means one thing everywhere: no signal for that sample. Its return
+is NaN (advantage 0, outside its group's statistics, as TRL treats a NaN reward); its parent's mean over the child's
+samples leaves it out, and a child with no scored sample adds nothing to its parent's reward.
 
 A single-turn step is a rollout of one level. Nothing here needs a model: tests build levels by hand.
 """
@@ -59,7 +66,7 @@ class Level:
     samples: int  # joint samples per node: `width` (aligned) or `width**N` (cross)
     rewards: torch.Tensor | None = None  # (nodes, samples, A): joint (A = 1) or each agent's (A = N); NaN: none
     children: list[list[int | None]] = field(default_factory=list)  # (nodes, samples): child index in next level
-    stands: torch.Tensor | None = None  # (nodes, samples) bool: linear trajectory ended here by the threshold
+    stands: torch.Tensor | None = None  # (nodes, samples) bool: ended here by the threshold, before the last turn
     returns: torch.Tensor | None = None  # (nodes, samples, A), from `returns`
     # What was played, filled by the trainer: each agent's rows and rollout, and the scores of every process.
     agent_rows: list[list[dict]] | None = None  # (agents, nodes * width)
@@ -177,7 +184,8 @@ def continued_rows(previous: Level, level: Level) -> list[list[int]]:
 
 
 def link(levels: list[Level], num_turns: int) -> None:
-    """Fill each level's `children` (and, on linear trajectories, `stands`) from the next level's parents."""
+    """Fill each level's `children` and `stands` (the real samples with no child before the last turn: their node,
+    or their linear trajectory, passed the threshold) from the next level's parents."""
     for t, level in enumerate(levels):
         level.children = [[None] * level.samples for _ in level.nodes]
         if t + 1 < len(levels):
@@ -188,31 +196,31 @@ def link(levels: list[Level], num_turns: int) -> None:
         level.stands = ended & level.scored().unsqueeze(1) & (t < num_turns - 1)
 
 
-def returns(levels: list[Level], discount: float, shape: str, num_turns: int) -> list[torch.Tensor]:
+def returns(levels: list[Level], discount: float, num_turns: int, stand: bool = True) -> list[torch.Tensor]:
     """Each level's returns, `(nodes, samples, A)`, bottom up: a sample's reward plus `discount` times the mean
-    return of its child's samples (tree; on linear trajectories the child has one sample). A sample without a child
-    returns its reward, except a linear trajectory ended early by the threshold: its answer stands, so each remaining
-    turn adds its last reward again, discounted. Call `link` first.
+    return of its child's scored samples (tree; on linear trajectories the child has one sample). A sample without a
+    child returns its reward; one ended early by the threshold (`Level.stands`) with `stand`, its reward again for
+    each remaining turn, discounted. An unscored sample returns NaN. Call `link` first.
 
     >>> root = Level([Node({}, 0, [])], width=2, samples=2, rewards=torch.tensor([[[1.0], [0.0]]]))
     >>> children = [Node({}, 1, [], parent=(0, 0)), Node({}, 1, [], parent=(0, 1))]
     >>> leaf = Level(children, width=2, samples=2, rewards=torch.tensor([[[1.0], [3.0]], [[0.0], [0.0]]]))
     >>> link([root, leaf], num_turns=2)
-    >>> [r.squeeze(-1).tolist() for r in returns([root, leaf], 0.5, "tree", num_turns=2)]
+    >>> [r.squeeze(-1).tolist() for r in returns([root, leaf], 0.5, num_turns=2)]
     [[[2.0, 0.0]], [[1.0, 3.0], [0.0, 0.0]]]
     """
     out: list[torch.Tensor] = [torch.empty(0)] * len(levels)
     for t in range(len(levels) - 1, -1, -1):
         level = levels[t]
-        value = level.rewards.clone()
-        if shape == LINEAR:  # the remaining turns of an ended trajectory score as its last
+        value = level.rewards.clone()  # (nodes, samples, A); NaN stays NaN: no reward, no return
+        if stand:  # the remaining turns of an ended node or trajectory score as its last
             stood = sum(discount**k for k in range(1, num_turns - t))
             value = torch.where(level.stands.unsqueeze(2), value * (1 + stood), value)
         for n, row in enumerate(level.children):
             for j, c in enumerate(row):
                 if c is not None:
-                    child_returns = out[t + 1][c]  # (child samples, A)
-                    value[n, j] = torch.nan_to_num(value[n, j]) + discount * torch.nanmean(child_returns, dim=0)
+                    future = torch.nanmean(out[t + 1][c], dim=0)  # (A,): NaN where the child has no scored sample
+                    value[n, j] = value[n, j] + discount * torch.nan_to_num(future)
         out[t] = value
     return out
 
@@ -284,7 +292,7 @@ def tree_completions(num_prompts: int, width: int, num_agents: int, num_turns: i
 
 
 def training_rows(
-    levels: list[Level], values: list[torch.Tensor], shape: str, num_turns: int, discount: float
+    levels: list[Level], values: list[torch.Tensor], shape: str, num_turns: int, discount: float, stand: bool = True
 ) -> tuple[list[tuple[int, int, bool]], list[torch.Tensor]]:
     """The rows every agent is trained on, in advantage groups of the root's width, and the value each row is
     credited with per agent column: `(rows, values)` with `rows[r] = (turn, generation row in that turn's level,
@@ -292,8 +300,8 @@ def training_rows(
 
     Tree: every row of every level (a node's rows are its group; placeholders are not trained). Linear: per turn,
     the G trajectories of each prompt in order; a trajectory that ended repeats its last row untrained, credited
-    with its standing answer (its last reward, once per remaining turn, discounted), so that the others are still
-    compared with it.
+    with its standing answer (its last reward, once per remaining turn, discounted; with `stand=False` the rewards it
+    received from that turn on: none), so that the others are still compared with it.
     """
     columns = values[0].size(2)
     rows: list[tuple[int, int, bool]] = []
@@ -307,7 +315,7 @@ def training_rows(
         for k, slot in enumerate(slots):
             if slot is None:  # a linear trajectory that ended: its answer stands
                 t_end, n, j = last[k]
-                stood = sum(discount**i for i in range(num_turns - t))
+                stood = sum(discount**i for i in range(num_turns - t)) if stand else 0.0  # NaN * 0.0 stays NaN
                 row = n * levels[t_end].width + j
                 rows.append((t_end, row, False))
                 for a in range(columns):
@@ -323,7 +331,13 @@ def training_rows(
 
 
 def batch_layout(
-    levels: list[Level], shape: str, num_turns: int, discount: float, multiple: int, reduction: str
+    levels: list[Level],
+    shape: str,
+    num_turns: int,
+    discount: float,
+    multiple: int,
+    reduction: str,
+    stand: bool = True,
 ) -> tuple[list[int], list[bool], list[torch.Tensor]]:
     """Each agent's training batch over the whole rollout, in advantage groups of the root's width: the generation
     rows it takes (`index`, counted over the levels one after the other), which of them are trained, and per agent
@@ -331,7 +345,7 @@ def batch_layout(
     until the batch is a multiple of `multiple` rows (TRL splits it into that many equal steps). Call `returns` and
     store them in `level.returns` first."""
     values = [level.returns for level in levels]
-    rows, credit = training_rows(levels, values, shape, num_turns, discount)
+    rows, credit = training_rows(levels, values, shape, num_turns, discount, stand)
     width, num_agents = levels[0].width, len(levels[0].rollouts)
     while len(rows) % multiple:
         rows += [(0, k, False) for k in range(width)]

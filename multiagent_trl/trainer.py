@@ -92,9 +92,9 @@ from .turns import Transition, completion_rows, is_prompt, turn_prefix
 class MultiAgentGRPOTrainer(GRPOTrainer):
     """Train N language-model agents with GRPO on one joint reward.
 
-    A drop-in replacement for [`~trl.GRPOTrainer`]: same arguments, same reward-function conventions, same launch
+    A drop-in replacement for `trl.GRPOTrainer`: same arguments, same reward-function conventions, same launch
     commands; with one agent it trains exactly like `GRPOTrainer`. CoMLRL's argument names are
-    [`~multiagent_trl.MAGRPOTrainer`]'s.
+    `MAGRPOTrainer`'s.
 
     What differs from `GRPOTrainer`, and why:
 
@@ -103,7 +103,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     - `_generate`, `_generate_single_turn`, `_calculate_rewards`: replay what was computed jointly (or generated
       for all LoRA agents in one batch), inside the per-agent pass (`rollouts.Replay`).
     - `_compute_loss`: the sum of the agents' own GRPO losses, with one backward per agent; each logged as
-      `agent_{i}/loss`.
+      `agent_{i}/loss`. Rows of a multi-turn batch that are not trained do not count in a loss that averages over
+      rows (`grpo`, `sapo`, `luspo`, `dr_grpo`), so they do not shrink the trained rows' gradients.
     - `evaluation_loop`: with `record_eval_trajectories`, hands every evaluated episode to `trajectory_metrics`.
     - `create_optimizer`, `_clip_grad_norm`: one parameter group per agent (per-agent learning rates; a user's
       optimizer keeps its groups) and gradient clipping per agent, so one agent's large gradient does not shrink
@@ -126,15 +127,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             `args.reward_weights`. TRL's reward models (a sequence-classifier id, path or model, with its tokenizer
             from `reward_processing_classes`) work too: with several agents each scores the text `joint_text` builds
             from a joint sample (see `multiagent_trl.reward_models`).
-        args ([`MultiAgentGRPOConfig`], *optional*):
+        args (`MultiAgentGRPOConfig`, *optional*):
             Configuration; `None` uses the defaults.
-        train_dataset, eval_dataset ([`~datasets.Dataset`], *optional*):
+        train_dataset, eval_dataset (`datasets.Dataset`, *optional*):
             Rows with a `"prompt"` column, unless `formatters` builds the prompts. Other columns reach the reward
             functions as keyword arguments.
         processing_class (tokenizer, or one per agent, *optional*):
             Loaded from each agent's model when `None`.
         callbacks, optimizers:
-            As in [`~transformers.Trainer`].
+            As in `transformers.Trainer`.
         reward_processor (`Callable[[float], float]`, *optional*):
             Applied to each joint reward (the weighted sum of the reward functions) before advantages, e.g.
             `RewardProcessors.scale(100.0)`.
@@ -226,6 +227,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             args.num_agents = len(adapter_names)
         num_agents = args.num_agents = (args.num_agents or 1) if shared_base else len(models)
         args.check_agent_settings(num_agents)  # before anything reads an agent's value
+        args.check_rollout_size(num_agents)  # the config counted `num_agents=None` as one agent
         betas = [args.agent_setting("beta", i) for i in range(num_agents)]
         check_team_arguments(args, num_agents, optimizers[1], adapter_names is not None, betas)
         trained_adapters = [m for m, beta in zip(models, betas) if isinstance(m, PeftModel) and beta != 0.0]
@@ -304,6 +306,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._replay: Replay | None = None
         self._agent_rewards: torch.Tensor | None = None  # (rows, F, N): the last joint pass's per-agent rewards
         self._eval_recorder: EvalRecorder | None = None
+        self._first_train_row: dict | None = None  # a model card's example (`hub.example_row`): a stream has no row 0
         if args.sync_ref_model:
             self.add_callback(ReferenceSyncCallback(self))
         self._vllm = None  # the team's vLLM engines or servers (`use_vllm=True`), synced at `_vllm_step`
@@ -404,11 +407,14 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
         mode = "train" if self.model.training else "eval"
+        if mode == "train" and self._first_train_row is None:
+            self._first_train_row = dict(inputs[0])
         width = self.num_generations if mode == "train" else self.num_generations_eval
         agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
         agent_inputs = self._team_tools.begin_batch(self, inputs, agent_inputs)  # environments reset, tools bound
         levels = self._play(inputs, agent_inputs, width, mode)  # steps 1 and 2, turn by turn
 
+        trained_rows = None  # a single turn trains every row
         if self.args.num_turns == 1:
             # 2b. Credit each agent's completions with the joint reward (TRL weighs and normalizes the functions'
             # rewards itself, unless a processor applies to their sum first).
@@ -421,12 +427,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             agent_rows, rollouts = level.agent_rows, level.rollouts
         else:
             # 2b. Returns over the rollout, each row credited with its own (or, in cross mode, its tuples').
-            agent_rows, rollouts, credited = self._episode_batch(levels, mode)
+            agent_rows, rollouts, credited, trained_rows = self._episode_batch(levels, mode)
             names, weights = ["return"], torch.ones(1)
 
         # 3. TRL's own scoring per agent: advantages, old/ref log-probs, metrics.
         outputs = self._score_agents(agent_rows, rollouts, credited, names, weights)
         self._log_joint_samples(levels, outputs)
+        if trained_rows is not None:  # for `_compute_loss`: untrained rows must not count in a loss's row average
+            for output in outputs:
+                output["trained_rows"] = trained_rows
         return {f"agent_{i}/{key}": value for i, output in enumerate(outputs) for key, value in output.items()}
 
     def _play(self, inputs: list[dict], agent_inputs: list[list[dict]], width: int, mode: str) -> list[Level]:
@@ -469,11 +478,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def _episode_batch(self, levels: list[Level], mode: str):
         """Each agent's training rows over the whole rollout (`rollout_tree.batch_layout`), with its rollouts and
-        the gathered `(rows, 1)` return it is credited with; logs the returns per turn and the rollout's size."""
+        the gathered `(rows, 1)` return it is credited with, and the number of trained rows over all processes (a
+        0-d tensor); logs the returns per turn and the rollout's size."""
         args, metrics, device = self.args, self._metrics[mode], self.accelerator.device
-        for turn, (level, value) in enumerate(
-            zip(levels, returns(levels, args.discount, args.rollout, args.num_turns))
-        ):
+        stand = args.ended_return == "stand"
+        for turn, (level, value) in enumerate(zip(levels, returns(levels, args.discount, args.num_turns, stand))):
             level.returns = value
             node_returns = torch.nanmean(value.mean(dim=2), dim=1)[level.scored()]  # (real nodes,)
             stats = torch.tensor([node_returns.nansum(), len(node_returns)], device=device)
@@ -486,14 +495,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
         multiple = args.steps_per_generation if mode == "train" else 1  # TRL splits a training batch into steps
         index, keep, credit = batch_layout(
-            levels, args.rollout, args.num_turns, args.discount, multiple, args.cross_credit
+            levels, args.rollout, args.num_turns, args.discount, multiple, args.cross_credit, stand
         )
         agent_rows, rollouts = [], []
         for i in range(self.num_agents):
             joined = [row for level in levels for row in level.agent_rows[i]]
             agent_rows.append([joined[k] for k in index])
             rollouts.append(Rollout.concat([level.rollouts[i] for level in levels], index).masked(keep))
-        return agent_rows, rollouts, [gather(c.to(device).unsqueeze(1)) for c in credit]
+        trained_rows = gather(torch.tensor([float(sum(keep))], device=device)).sum()
+        return agent_rows, rollouts, [gather(c.to(device).unsqueeze(1)) for c in credit], trained_rows
 
     def _rollouts(self, agent_inputs: list[list[dict]], mode: str) -> list[Rollout]:
         """Every agent generates from its rows' prompts (one `generate` call for all agents in batched mode)."""
@@ -687,8 +697,16 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         total = 0.0
         agent_losses = [0.0] * self.num_agents
         for k, (i, batch) in enumerate(parts):
-            with self._agent_view(i), self._swap(**self._vllm_state()):
-                loss = super()._compute_loss(model, batch)
+            with self._agent_view(i):
+                # Departure from TRL: rows that are not trained (`Rollout.masked`) must not count in a loss that
+                # averages over rows, else every trained row's gradient shrinks by a factor that changes with the
+                # rollout's shape. TRL's per-token loss is positively homogeneous in the advantages and `beta`, so
+                # scaling both scales each row's loss and leaves the entropy bonus (a token mean) as it is.
+                scale = self._trained_row_scale(len(batch["advantages"]), batch.pop("trained_rows", None))
+                if scale != 1.0:
+                    batch["advantages"] = batch["advantages"] * scale
+                with self._swap(**self._vllm_state(), beta=self.beta * scale):
+                    loss = super()._compute_loss(model, batch)
                 agent_losses[i] = agent_losses[i] + loss.detach()
                 if separate_backward and k < len(parts) - 1:
                     self.accelerator.backward(loss)
@@ -697,6 +715,19 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if model.training and self.num_agents > 1:
             self._log_agent_losses(agent_losses)
         return total
+
+    def _trained_row_scale(self, rows: int, trained_rows: torch.Tensor | None) -> float:
+        """The factor that makes the active agent's loss count trained rows only. TRL's `grpo`, `sapo` and `luspo`
+        losses average over a micro-batch's `rows` and `dr_grpo` divides by them; the factor replaces `rows` by the
+        micro-batch's share of the generation batch's `trained_rows` (over all processes and steps), so that a
+        trained row weighs the same whatever shares its micro-batch. 1.0 where every row is trained, for the
+        token-normalized losses (`dapo`, `bnpo`, `cispo`, `vespo`: untrained rows have no tokens in the loss), and
+        for a single turn (`trained_rows` is `None`)."""
+        if trained_rows is None or self.loss_type not in ("grpo", "sapo", "luspo", "dr_grpo"):
+            return 1.0
+        steps = self.args.steps_per_generation if self.model.training else 1  # TRL splits a training batch in steps
+        share = trained_rows.item() / (self.accelerator.num_processes * steps)
+        return rows / share if share > 0 else 1.0
 
     def _log_agent_losses(self, agent_losses: list[torch.Tensor | float]) -> None:
         """Record each agent's loss of this micro-batch as `agent_{i}/loss`, on the scale of Trainer's `loss`.

@@ -179,6 +179,7 @@ COMLRL_MAPPINGS = [
     ),
     pytest.param("none, the process's device", dict(agent_devices="cpu"), dict(agent_devices=None), marks=ON_CPU),
     ("defaults", {}, dict(output_dir="magrpo_output", save_strategy="no")),
+    ("an ended node's return", {}, dict(ended_return="reward")),  # CoMLRL's sum (tests/test_multiturn.py)
 ]
 
 
@@ -652,6 +653,51 @@ def test_agent_model_must_be_a_name(tmp_path, tiny_path, prompts_dataset):
         MAGRPOTrainer(
             agent_model=model, reward_func=reference, args=comlrl_args(tmp_path), train_dataset=prompts_dataset
         )
+
+
+COMLRL_TRANSITION_KEYWORDS = [
+    "agent_completions",
+    "num_agents",
+    "prompt",
+    "prompt_history_per_agent",
+    "response_history_per_agent",
+]
+
+
+def test_a_keyword_only_transition_gets_comlrls_keywords(tmp_path, tiny_path, prompts_dataset):
+    """CoMLRL calls a transition with keywords only, so `def transition(**kwargs)` works there (its own tests build
+    one, `tests/test_trainer_constraints.py`)."""
+    calls = []
+
+    def transition(**kwargs):
+        calls.append(sorted(kwargs))
+        return [f"{kwargs['prompt']} again"] * kwargs["num_agents"]
+
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=reference,
+        args=comlrl_args(tmp_path, num_turns=2, num_generations=2, early_termination_threshold=None),
+        train_dataset=prompts_dataset,
+        external_transition=transition,
+    )
+    trainer.train()
+    assert calls and all(keywords == COMLRL_TRANSITION_KEYWORDS for keywords in calls)
+
+
+def test_built_without_train_dataset_as_comlrl_allows(tmp_path, tiny_path, prompts_dataset):
+    """CoMLRL builds a trainer without training data (to evaluate, and in its own tests: two agents, two turns, a
+    `**kwargs` transition) and asks for the data only when training."""
+    trainer = MAGRPOTrainer(
+        agents=[tiny_path, tiny_path],
+        reward_func=reference,
+        external_transition=lambda **kwargs: [kwargs["prompt"]] * kwargs["num_agents"],
+        args=comlrl_args(tmp_path, num_turns=2, num_generations=2, eval_num_samples=2),
+        eval_dataset=prompts_dataset,
+    )
+    assert trainer.num_agents == 2 and trainer.train_dataset is None
+    assert "eval_turn_2/reward_mean" in trainer.evaluate()
+    with pytest.raises(ValueError, match=r"Training needs a `train_dataset`.*`train_dataset=`"):
+        trainer.train()
 
 
 def test_discount_is_accepted_and_unused_as_in_comlrl(tmp_path, caplog):

@@ -136,28 +136,58 @@ def test_node_termination_skips_generation_rewards_and_transitions(tmp_path, tin
     assert trainer._metrics["train"]["turn_2/nodes"] == [2]
 
 
-def test_an_ended_nodes_return_is_its_reward_and_the_others_add_their_childs_mean(
-    tmp_path, tiny_path, prompts_dataset
-):
-    """CoMLRL's returns with node-level termination: the node of target 3 passes (every sample scores above the
-    threshold) and returns its rewards; the other node's samples return reward + mean of their child's rewards."""
+@pytest.mark.parametrize("api", ["native", "comlrl"])
+def test_an_ended_nodes_answer_stands_and_the_others_add_their_childs_mean(tmp_path, tiny_path, prompts_dataset, api):
+    """Node-level termination: the node of target 3 passes (every sample scores above the threshold) and has no
+    children; the other node's samples return reward + discount * mean of their child's rewards. The ended node's
+    answer stands (its reward again for the remaining turn, discounted: issue #28, 5), except in CoMLRL's layer,
+    which keeps CoMLRL's sum (`ended_return="reward"`: its reward alone)."""
 
     def scored(prompts, completions, completion_ids, target, **kwargs):
         return [id_reward(None, None, [ids])[0] + (100.0 if t == 3 else 0.0) for ids, t in zip(completion_ids, target)]
 
-    trainer = trainer_for(
-        tmp_path, tiny_path, prompts_dataset, reward=scored, early_termination_threshold=50.0, scale_rewards="none"
-    )
+    if api == "native":
+        discount, stood = 0.5, 1.5
+        trainer = trainer_for(
+            tmp_path,
+            tiny_path,
+            prompts_dataset,
+            reward=scored,
+            early_termination_threshold=50.0,
+            scale_rewards="none",
+            discount=discount,
+        )
+    else:
+        discount, stood = 1.0, 1.0  # CoMLRL's returns are undiscounted
+        args = MAGRPOConfig(
+            output_dir=str(tmp_path / "out"),
+            num_generations=G2,
+            early_termination_threshold=50.0,
+            advantage_normalization=False,
+            max_new_tokens=8,
+            max_steps=1,
+            report_to="none",
+        )
+        assert args.ended_return == "reward"
+        trainer = MAGRPOTrainer(
+            agents=[tiny_path, tiny_path],
+            reward_func=scored,
+            args=args,
+            train_dataset=prompts_dataset,
+            external_transition=feedback,
+        )
+        trainer.model.train()
     output = trainer._generate_and_score_completions(batch_of(prompts_dataset))
     ids = [completion_ids_of(output, a) for a in range(2)]
-    r = id_reward(None, None, list(zip(*ids)))  # without the bonus, which centering removes within the node
+    r = id_reward(None, None, list(zip(*ids)))
     assert len(r) == 4 + 2 * G2  # node 0 (target 3) ended: only node 1's 2 samples spawned nodes
-    returns_1 = r[:2] + [r[2 + j] + sum(r[4 + j * G2 : 4 + (j + 1) * G2]) / G2 for j in range(G2)]
+    ended = [(100.0 + v) * stood for v in r[:2]]
+    returns_1 = ended + [r[2 + j] + discount * sum(r[4 + j * G2 : 4 + (j + 1) * G2]) / G2 for j in range(G2)]
     expected = []
     for values in (returns_1[:2], returns_1[2:], r[4:6], r[6:8]):  # one group per node, centered
         expected += [v - sum(values) / len(values) for v in values]
     torch.testing.assert_close(output["agent_0/advantages"], torch.tensor(expected), rtol=1e-4, atol=1e-4)
-    assert torch.tensor(expected).abs().sum() > 0
+    assert torch.tensor(expected[:2]).abs().sum() > 0
 
 
 def test_state_only_reward_gives_no_advantage_at_later_turns(tmp_path, tiny_path, prompts_dataset):
@@ -235,6 +265,62 @@ def test_linear_trajectory_that_succeeded_early_stands(tmp_path, tiny_path, prom
     assert len(advantages) == 16
     masks = output["agent_0/tool_mask"] * output["agent_0/completion_mask"]
     assert [bool(masks[8 + k].sum()) for k in range(8)] == [not p for p in passed]
+
+
+class EndsTwoTrajectories:
+    """Turn 1: the batch's first two trajectories pass the threshold (0.5), the others score below it; later turns
+    score `id_reward`. With linear trajectories, two rows of turn 2 stand untrained."""
+
+    __name__ = "ends_two"
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, prompts, completions, completion_ids, **kwargs):
+        self.calls += 1
+        if self.calls % 2 == 0:
+            return id_reward(prompts, completions, completion_ids)
+        return [1.0 if j < 2 else 0.1 * (sum(a) % 4) for j, (a, _) in enumerate(completion_ids)]
+
+
+LOSS_TYPES = ["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]  # every loss_type of TRL 1.16
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_untrained_rows_do_not_change_a_trained_rows_gradient(tmp_path, tiny_path, prompts_dataset, loss_type):
+    """Issue #28, 6: rows that are not trained (here two linear rows that stand; placeholders and padding groups
+    alike) once counted as rows in the losses that average over rows (`grpo`, `sapo`, `luspo`) or divide by them
+    (`dr_grpo`), shrinking every trained row's gradient by a factor that changed with the rollout's shape."""
+    trainer = trainer_for(
+        tmp_path,
+        tiny_path,
+        prompts_dataset,
+        reward=EndsTwoTrajectories(),
+        rollout="linear",
+        num_generations=4,
+        per_device_train_batch_size=8,
+        early_termination_threshold=0.5,
+        loss_type=loss_type,
+        beta=0.1,  # the KL term too
+        gradient_checkpointing=False,
+    )
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's training loop
+    batch = trainer._generate_and_score_completions(batch_of(prompts_dataset, width=4))
+    masks = batch["agent_0/completion_mask"] * batch["agent_0/tool_mask"]
+    keep = masks.sum(1) > 0
+    assert keep.tolist() == [True] * 8 + [False, False] + [True] * 6  # turn 2: trajectories 0 and 1 stand
+
+    def gradients(inputs):
+        trainer.model.zero_grad(set_to_none=True)
+        trainer.compute_loss(trainer.model, inputs).backward()
+        return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+    with_untrained = gradients(batch)
+    only_trained = gradients({k: v[keep] if v.dim() and len(v) == len(keep) else v for k, v in batch.items()})
+    assert with_untrained.keys() == only_trained.keys() and len(with_untrained) > 0
+    for name, grad in with_untrained.items():
+        torch.testing.assert_close(grad, only_trained[name], msg=name)
+    assert sum(g.abs().sum() for g in with_untrained.values()) > 0
 
 
 def test_cross_mode_tree_credits_each_completion_with_its_tuples(tmp_path, tiny_path, prompts_dataset):
@@ -414,3 +500,18 @@ def test_tree_size_limit_raises_at_construction(tmp_path):
     with pytest.raises(ValueError, match=r"needs up to 680 completions per agent, more than `max_rollout_completions"):
         small_args(tmp_path, num_agents=2, num_turns=4, num_generations=4, max_rollout_completions=600)
     small_args(tmp_path, num_agents=2, num_turns=4, num_generations=4, rollout="linear", max_rollout_completions=600)
+
+
+def test_tree_size_limit_counts_the_team_the_trainer_infers(tmp_path, tiny_path, prompts_dataset):
+    """With `num_agents=None` the config cannot know the team: it counts one agent (2 prompts * 4 * (1 + 4 + 16 +
+    64) = 680, under the limit). The trainer, given two models, counts the cross tree of two agents before anything
+    is generated: 2 * 4 * (1 + 16 + 256 + 4096) = 34952."""
+    args = small_args(tmp_path, num_turns=4, num_generations=4, joint_mode="cross")  # accepted: counted as one agent
+    with pytest.raises(ValueError, match=r"2 agents, cross\) needs up to 34952 completions per agent"):
+        MultiAgentGRPOTrainer(
+            model=[tiny_path, tiny_path],
+            reward_funcs=id_reward,
+            args=args,
+            train_dataset=prompts_dataset,
+            external_transition=feedback,
+        )

@@ -12,7 +12,7 @@ from multiagent_trl import MultiAgentGRPOTrainer
 from multiagent_trl.tool_testing import CALCULATOR_QUESTIONS, LOOKUP_QUESTIONS, add, capital, tiny_tool_caller_path
 from multiagent_trl.tools import shared_environment
 
-from .conftest import recording, small_args
+from .conftest import completion_ids_of, id_reward, recording, small_args
 
 G = 4
 
@@ -268,3 +268,39 @@ def test_a_tree_rollout_refuses_an_environment_it_cannot_copy(tmp_path, tool_cal
     )
     with pytest.raises(TypeError, match=r"`copy.deepcopy` failed on LockedDesk.*use `rollout='linear'`"):
         trainer._generate_and_score_completions([{"index": k} for k in range(2) for _ in range(2)])
+
+
+class Tally:
+    """An environment without tools; its reward is the order of its reset (mod 3), so it differs within a group."""
+
+    resets = 0
+
+    def reset(self, **row):
+        Tally.resets += 1
+        self.reward = float(Tally.resets % 3)
+
+    def get_reward(self) -> float:
+        return self.reward
+
+
+def test_an_agent_without_an_environment_gets_no_reward_from_it(tmp_path, tiny_path, prompts_dataset):
+    """Issue #28, 2: `environment_factory=[Tally, None]` scores joint samples `[r, None]`, which once crashed the first
+    batch. Agent 0 is credited with the joint reward plus its environment's, agent 1 with the joint reward alone."""
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=id_reward,
+        args=small_args(tmp_path, num_agents=2, scale_rewards="none"),
+        train_dataset=prompts_dataset,
+        environment_factory=[Tally, None],
+    )
+    trainer.model.train()
+    output = trainer._generate_and_score_completions([prompts_dataset[i] for i in range(2) for _ in range(G)])
+    joint = torch.tensor(id_reward(None, None, list(zip(*[completion_ids_of(output, a) for a in range(2)]))))
+    environment = torch.tensor([e.get_reward() for e in trainer._agent_views[0]["environments"]])
+    assert trainer._agent_views[1]["environments"] is None and len(set(environment.tolist())) > 1
+    for agent, reward in ((0, joint + environment), (1, joint)):
+        grouped = reward.view(-1, G)
+        expected = (grouped - grouped.mean(1, keepdim=True)).flatten()
+        torch.testing.assert_close(output[f"agent_{agent}/advantages"], expected)
+    # The environment's column of the team's reward is the mean over the agents it scored: agent 0's.
+    assert trainer._metrics["train"]["rewards/Tally/mean"] == [pytest.approx(environment.mean().item())]
