@@ -75,7 +75,7 @@ class Arguments:
         metadata={
             "help": "What the team runs with: 'baseline' (transformers' top-k and top-p warpers, TRL's torch "
             "fallbacks of its log-prob kernel: the code before issue 23), 'sampling' (+ the top-k/top-p warper of "
-            "multiagent_trl.sampling), 'all' (+ the faster CPU kernel of multiagent_trl.logprob_kernel).",
+            "rollout.sampling), 'all' (+ the faster CPU kernel of rollout.logprob_kernel).",
             "choices": VARIANTS,
         },
     )

@@ -22,7 +22,7 @@ from datasets import Dataset
 from trl import TrlParser
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
-from multiagent_trl.tool_testing import CALCULATOR_QUESTIONS, CAPITALS, LOOKUP_QUESTIONS, add, capital
+from multiagent_trl.tools.testing import CALCULATOR_QUESTIONS, CAPITALS, LOOKUP_QUESTIONS, add, capital
 
 
 @dataclass
@@ -82,7 +82,7 @@ def main() -> None:
     )
     tiny = script.model == "tiny"
     if tiny:
-        from multiagent_trl.tool_testing import tiny_tool_caller_path
+        from multiagent_trl.tools.testing import tiny_tool_caller_path
 
         script.model = tiny_tool_caller_path()
     args.num_agents = 2

@@ -1,6 +1,6 @@
 """multiagent_trl: train N cooperating language-model agents with GRPO on one joint reward (MAGRPO), on TRL."""
 
-from .comlrl import (
+from .comlrl.reinforce import (
     MAGRPOConfig,
     MAGRPOTrainer,
     MAREINFORCEConfig,
@@ -11,10 +11,10 @@ from .comlrl import (
     MARLOOTrainer,
 )
 from .config import MultiAgentGRPOConfig
-from .rewards import RewardProcessor, RewardProcessors
-from .sandbox import ExecutionResult, Sandbox
-from .team import AgentTeam
-from .tools import shared_environment
+from .rewards.joint import RewardProcessor, RewardProcessors
+from .rewards.sandbox import ExecutionResult, Sandbox
+from .team.modules import AgentTeam
+from .tools.environments import shared_environment
 from .trainer import MultiAgentGRPOTrainer
 
 __version__ = "0.1.0"

@@ -27,7 +27,7 @@ from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
 from . import hub
-from .comlrl import COMLRL_TWINS, MAGRPOConfig, MAGRPOTrainer
+from .comlrl.reinforce import COMLRL_TWINS, MAGRPOConfig, MAGRPOTrainer
 from .config import MultiAgentGRPOConfig
 from .trainer import MultiAgentGRPOTrainer
 

@@ -11,9 +11,9 @@ from typing import Any
 from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig
 
-from .placement import check_devices
-from .rollout_tree import SHAPES as ROLLOUT_SHAPES
-from .rollout_tree import tree_completions
+from .rollout.tree import SHAPES as ROLLOUT_SHAPES
+from .rollout.tree import tree_completions
+from .team.placement import check_devices
 
 JOINT_MODES = ("aligned", "cross")
 GENERATION_MODES = ("batched", "per_agent")
@@ -55,7 +55,7 @@ class MultiAgentGRPOConfig(GRPOConfig):
             `learning_rate` for every agent.
         generation_mode (`str`, *optional*, defaults to `"batched"`):
             `"batched"` generates for all agents in one `generate` call when their generation settings agree, each
-            row with its agent's weights (`multiagent_trl.agent_rows`): LoRA adapters on a shared base, and separate
+            row with its agent's weights (`team.agent_rows`): LoRA adapters on a shared base, and separate
             models of one architecture and config (plain models on one device, not sharded; others generate one
             agent at a time). `"per_agent"` makes one call per agent.
         save_merged_models (`bool`, *optional*, defaults to `False`):
@@ -66,7 +66,7 @@ class MultiAgentGRPOConfig(GRPOConfig):
             scored by the joint reward; each agent is trained on every turn, with group-relative advantages of the
             return. `rollout` sets the shape.
         rollout (`str`, *optional*, defaults to `"tree"`):
-            The shape of a multi-turn rollout (`multiagent_trl.rollout_tree`). Allowed values:
+            The shape of a multi-turn rollout (`multiagent_trl.rollout.tree`). Allowed values:
 
             - `"tree"` (MAGRPO's definition): every joint sample of a turn spawns a node of G new joint samples at the
               next turn, whose prompts the transition makes from that sample's history. Turn t holds up to
@@ -119,12 +119,12 @@ class MultiAgentGRPOConfig(GRPOConfig):
             With `use_vllm=True` and a LoRA team: how many adapters the team's one engine holds at once; at least
             `num_agents` (every agent's adapter serves in each generation call). `None` uses `num_agents`.
 
-            vLLM (`use_vllm=True`, `vllm_mode="colocate"`; see `multiagent_trl.vllm_engine`): a LoRA team runs one
+            vLLM (`use_vllm=True`, `vllm_mode="colocate"`; see `multiagent_trl.vllm.engine`): a LoRA team runs one
             engine on its shared base with one adapter per agent, synced adapter-only after each update; separate
             models run one engine each, and each engine gets `vllm_gpu_memory_utilization / num_agents` of the
             device (raise `vllm_gpu_memory_utilization` for the team's total share).
         vllm_server_base_url (`str`, `list[str]` or `None`, *optional*, defaults to `None`):
-            With `vllm_mode="server"` (see `multiagent_trl.vllm_server`): the base URL of the LoRA team's one server
+            With `vllm_mode="server"` (see `multiagent_trl.vllm.server`): the base URL of the LoRA team's one server
             (every agent's adapter), or one URL per agent (separate models, one server each). `None` uses
             `vllm_server_host` with `vllm_server_port`.
         vllm_server_port (`int` or `list[int]`, *optional*, defaults to `8000`):
@@ -400,7 +400,7 @@ class MultiAgentGRPOConfig(GRPOConfig):
         if self.use_vllm:
             if self.vllm_mode not in ("colocate", "server"):
                 raise ValueError(f"`vllm_mode` must be 'colocate' or 'server', got {self.vllm_mode!r}.")
-            from .vllm_engine import check_vllm_installed  # this module imports vLLM only when an engine starts
+            from .vllm.engine import check_vllm_installed  # this module imports vLLM only when an engine starts
 
             check_vllm_installed()
         if self.compile_generation_kwargs is not None and not self.compile_generation:

@@ -34,33 +34,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
-from . import hub, sharding
-from .advantages import local_baseline_advantages
-from .agent_state import agent_views, load_entropy_states, same_generation_settings, save_entropy_states
-from .arguments import (
-    check_callables,
-    check_prompt_column,
-    check_shared_tokenizer,
-    check_team_arguments,
-    per_agent,
-)
-from .checkpointing import save_atomically
+from . import hub
 from .config import MultiAgentGRPOConfig
-from .evaluation import EvalRecorder, EvalTrajectories, decoding
-from .generation import configure_decoding
-from .loading import (
-    add_adapters,
-    add_reference_adapter,
-    agent_adapter_names,
-    check_peft_arguments,
-    load_agents,
-    load_processing_classes,
-    reference_copies,
-)
-from .logprob_kernel import use_faster_cpu_kernel
-from .placement import place_agents
-from .reference_sync import ReferenceSyncCallback, check_reference_sync
-from .rewards import (
+from .rewards.advantages import local_baseline_advantages
+from .rewards.joint import (
     agent_columns,
     apply_processor,
     bind_reward_funcs,
@@ -71,7 +48,11 @@ from .rewards import (
     weighted_sum,
     with_rows,
 )
-from .rollout_tree import (
+from .rollout.evaluation import EvalRecorder, EvalTrajectories, decoding
+from .rollout.generation import configure_decoding
+from .rollout.logprob_kernel import use_faster_cpu_kernel
+from .rollout.replay import Replay, Rollout, loss_parts
+from .rollout.tree import (
     Level,
     batch_layout,
     continued_rows,
@@ -83,10 +64,30 @@ from .rollout_tree import (
     root_level,
     sample_members,
 )
-from .rollouts import Replay, Rollout, loss_parts
-from .team import AgentTeam, LoraAgentTeam
-from .tools import REPLAY_STATE, TeamTools
-from .turns import Transition, completion_rows, is_prompt, turn_prefix
+from .rollout.turns import Transition, completion_rows, is_prompt, turn_prefix
+from .team import sharding
+from .team.arguments import (
+    check_callables,
+    check_prompt_column,
+    check_shared_tokenizer,
+    check_team_arguments,
+    per_agent,
+)
+from .team.checkpointing import save_atomically
+from .team.loading import (
+    add_adapters,
+    add_reference_adapter,
+    agent_adapter_names,
+    check_peft_arguments,
+    load_agents,
+    load_processing_classes,
+    reference_copies,
+)
+from .team.modules import AgentTeam, LoraAgentTeam
+from .team.placement import place_agents
+from .team.reference_sync import ReferenceSyncCallback, check_reference_sync
+from .team.views import agent_views, load_entropy_states, same_generation_settings, save_entropy_states
+from .tools.environments import REPLAY_STATE, TeamTools
 
 
 class MultiAgentGRPOTrainer(GRPOTrainer):
@@ -114,7 +115,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     - `_save_checkpoint`, `_load_optimizer_and_scheduler`: atomic checkpoints; each agent's entropy controller.
     - `push_to_hub`: every agent, one repo each (or one repo with `agent_i/` folders), each with its model card.
 
-    Which of TRL's attributes are each agent's own is listed, with the reason, in `multiagent_trl.agent_state`.
+    Which of TRL's attributes are each agent's own is listed, with the reason, in `multiagent_trl.team.views`.
 
     Args:
         model (`str`, `PreTrainedModel`, or a list of them):
@@ -126,7 +127,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             joint sample j (with one agent, the plain completion, as in TRL). Several combine with
             `args.reward_weights`. TRL's reward models (a sequence-classifier id, path or model, with its tokenizer
             from `reward_processing_classes`) work too: with several agents each scores the text `joint_text` builds
-            from a joint sample (see `multiagent_trl.reward_models`).
+            from a joint sample (see `multiagent_trl.rewards.models`).
         args (`MultiAgentGRPOConfig`, *optional*):
             Configuration; `None` uses the defaults.
         train_dataset, eval_dataset (`datasets.Dataset`, *optional*):
@@ -148,7 +149,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             Needed when `args.num_turns > 1`. `external_transition(row, histories, turn) -> prompts`: given the
             dataset row, each agent's completions so far (`histories[i]`, turns 0..turn) and the index of the turn
             just played, return each agent's prompt for the next turn. CoMLRL's keyword convention works too (see
-            `multiagent_trl.turns`).
+            `multiagent_trl.rollout.turns`).
         joint_text (callable, *optional*):
             For reward models in `reward_funcs` with several agents: `joint_text(prompts, completions) -> str` builds
             the text a reward model scores from one joint sample (`prompts[i]` and `completions[i]` are agent i's).
@@ -290,7 +291,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._agent_views = agent_views(self, models, processing_classes, ref_models, shared_base)
         self._team_tools = team_tools
         team_tools.install(self)
-        configure_decoding(self, models)  # `compile_generation`, the sampling warpers (`multiagent_trl.sampling`)
+        configure_decoding(self, models)  # `compile_generation`, the sampling warpers (`rollout.sampling`)
         use_faster_cpu_kernel()  # TRL's log-prob kernel on CPUs: the same bits, faster (`logprob_kernel`)
         if shared_base:
             team = LoraAgentTeam(models[0], [f"agent_{i}" for i in range(num_agents)])
@@ -311,8 +312,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             self.add_callback(ReferenceSyncCallback(self))
         self._vllm = None  # the team's vLLM engines or servers (`use_vllm=True`), synced at `_vllm_step`
         if args.use_vllm:
-            from .vllm_engine import TeamEngine  # vLLM is imported only when it is used
-            from .vllm_server import TeamServers
+            from .vllm.engine import TeamEngine  # vLLM is imported only when it is used
+            from .vllm.server import TeamServers
 
             if any(f is not None for f in team_tools.rollout_funcs):
                 raise NotImplementedError(
@@ -543,7 +544,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def _vllm_generate(self, prompt_ids: dict[int, list[list[int]]]):
         """Generate with the team's vLLM engines for the agents in `prompt_ids` (agent -> rows of token ids), each with
         its own sampling settings; syncs the engines first when an optimizer step changed the weights."""
-        from .vllm_engine import AgentSampling
+        from .vllm.engine import AgentSampling
 
         if self.state.global_step != self._vllm_step:
             self._vllm.sync()
@@ -682,7 +683,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
         """Metrics over every trajectory an evaluation played (with `record_eval_trajectories = True`), logged with
-        the `eval_` prefix. None by default; subclasses compute theirs (see `multiagent_trl.evaluation`)."""
+        the `eval_` prefix. None by default; subclasses compute theirs (see `multiagent_trl.rollout.evaluation`)."""
         return {}
 
     # ------------------------------------------------------------------ loss and optimization

@@ -130,7 +130,7 @@ def vllm_available():
     """Skip where vLLM is not installed; fail instead with `MULTIAGENT_TRL_REQUIRE_VLLM=1` (CI)."""
     import importlib.util
 
-    from multiagent_trl.vllm_engine import INSTALL_HINT
+    from multiagent_trl.vllm.engine import INSTALL_HINT
 
     if importlib.util.find_spec("vllm") is not None:
         return

@@ -133,7 +133,7 @@ def _agent(output, agent):
 def test_a_lora_team_uses_each_agents_temperature_and_falls_back_to_one_generate_per_agent(
     tmp_path, tiny_path, prompts_dataset, caplog
 ):
-    with caplog.at_level(logging.WARNING, logger="multiagent_trl.agent_state"):
+    with caplog.at_level(logging.WARNING, logger="multiagent_trl.team.views"):
         trainer = MultiAgentGRPOTrainer(
             model=tiny_path,
             reward_funcs=length_ratio,

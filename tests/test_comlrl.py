@@ -23,8 +23,8 @@ from multiagent_trl import (
     MARLOOTrainer,
     RewardProcessors,
 )
-from multiagent_trl.placement import check_devices
-from multiagent_trl.rewards import bind_reward
+from multiagent_trl.rewards.joint import bind_reward
+from multiagent_trl.team.placement import check_devices
 
 from .conftest import PROMPTS, G, changed, completion_ids_of, generation_batch, length_ratio, snapshot
 
@@ -414,7 +414,7 @@ def test_mp_places_each_agent_and_reference_on_its_device(tmp_path, tiny_path, p
 
 
 def test_per_agent_device_hooks_move_inputs_and_outputs():
-    from multiagent_trl.placement import _to
+    from multiagent_trl.team.placement import _to
 
     nested = {"logits": torch.zeros(2), "past": ("cache", [torch.ones(1)])}
     moved = _to(nested, torch.device("meta"))
@@ -702,7 +702,7 @@ def test_built_without_train_dataset_as_comlrl_allows(tmp_path, tiny_path, promp
 
 def test_discount_is_accepted_and_unused_as_in_comlrl(tmp_path, caplog):
     """CoMLRL 1.4.3 trains on the undiscounted return ("Training return is the undiscounted reward sum")."""
-    with caplog.at_level("WARNING", logger="multiagent_trl.comlrl"):
+    with caplog.at_level("WARNING", logger="multiagent_trl.comlrl.reinforce"):
         args = comlrl_args(tmp_path, num_turns=2, discount=0.9)
     assert (args.discount, args.comlrl_discount, args.rollout) == (1.0, 0.9, "tree")
     assert [r.getMessage() for r in caplog.records if "discount" in r.getMessage()] == [
@@ -710,7 +710,7 @@ def test_discount_is_accepted_and_unused_as_in_comlrl(tmp_path, caplog):
         "undiscounted reward sum); returns are undiscounted. For discounted returns use MultiAgentGRPOConfig."
     ]
     caplog.clear()
-    with caplog.at_level("WARNING", logger="multiagent_trl.comlrl"):
+    with caplog.at_level("WARNING", logger="multiagent_trl.comlrl.reinforce"):
         comlrl_args(tmp_path, num_turns=2)
     assert not caplog.records
 

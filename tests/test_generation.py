@@ -7,7 +7,7 @@ from peft import LoraConfig
 from transformers.generation import ContinuousBatchingConfig
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer, agent_rows, generation
-from multiagent_trl.team import AgentTeam
+from multiagent_trl.team.modules import AgentTeam
 
 from .conftest import small_args
 
@@ -112,7 +112,7 @@ def test_continuous_batching_generates_the_plain_greedy_tokens(
     paged = completions(
         team(tmp_path, kind, paths, prompts_dataset, use_transformers_continuous_batching=True), prompts_dataset
     )
-    # One paged call per agent (a LoRA team too: see `multiagent_trl.generation`), each with the agent's 8 rows.
+    # One paged call per agent (a LoRA team too: see `rollout.generation`), each with the agent's 8 rows.
     assert count_batch_calls == [2 * G, 2 * G]
     assert plain.keys() == paged.keys() == {"agent_0/completion_ids", "agent_1/completion_ids"}
     for key in plain:
@@ -213,7 +213,7 @@ def count_agent_rows(monkeypatch):
             calls.append(list(self.rows))
             return super().__enter__()
 
-    monkeypatch.setattr("multiagent_trl.team.AgentRowsModels", Counting)
+    monkeypatch.setattr("multiagent_trl.team.modules.AgentRowsModels", Counting)
     return calls
 
 

@@ -1,4 +1,4 @@
-"""`multiagent_trl.logprob_kernel`: TRL's chunked log-prob kernel with the faster CPU tiles gives the same bits
+"""`multiagent_trl.rollout.logprob_kernel`: TRL's chunked log-prob kernel with the faster CPU tiles gives the same bits
 (log-probs, entropies and both gradients) as with TRL's own torch fallbacks."""
 
 import pytest

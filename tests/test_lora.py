@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
 
 from multiagent_trl import MultiAgentGRPOTrainer
-from multiagent_trl.team import LoraAgentTeam
+from multiagent_trl.team.modules import LoraAgentTeam
 
 from .conftest import PROMPTS, generation_batch, length_ratio, lora_config, small_args
 

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, Qwen2Config
 
 from multiagent_trl import MultiAgentGRPOTrainer
-from multiagent_trl.reward_models import JointRewardModel, default_joint_text
+from multiagent_trl.rewards.models import JointRewardModel, default_joint_text
 from multiagent_trl.testing import tiny_tokenizer
 
 from .conftest import PROMPTS, small_args

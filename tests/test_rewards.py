@@ -7,7 +7,7 @@ from functools import partial
 import pytest
 import torch
 
-from multiagent_trl.rewards import (
+from multiagent_trl.rewards.joint import (
     COMLRL_STYLE,
     TRL_STYLE,
     RewardProcessors,

@@ -1,4 +1,4 @@
-"""Returns of hand-built rollouts (`multiagent_trl.rollout_tree`): no model, rewards written out.
+"""Returns of hand-built rollouts (`multiagent_trl.rollout.tree`): no model, rewards written out.
 
 `nan` is a reward function's `None` ("no reward"); `A` is the reward column (1 joint, or one per agent).
 """
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from multiagent_trl.advantages import baseline_advantages
-from multiagent_trl.rollout_tree import Level, Node, link, returns, training_rows
+from multiagent_trl.rewards.advantages import baseline_advantages
+from multiagent_trl.rollout.tree import Level, Node, link, returns, training_rows
 
 nan = math.nan
 

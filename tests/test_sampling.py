@@ -1,4 +1,4 @@
-"""`TopKTopPLogitsWarper` (top-p over the top-k survivors, `multiagent_trl.sampling`) keeps exactly the tokens of
+"""`TopKTopPLogitsWarper` (top-p over the top-k survivors, `rollout.sampling`) keeps exactly the tokens of
 transformers' top-k and top-p warpers, and samples the same tokens under a seed."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from multiagent_trl.sampling import TopKTopPLogitsWarper, use_top_k_top_p
+from multiagent_trl.rollout.sampling import TopKTopPLogitsWarper, use_top_k_top_p
 
 QWEN_VOCAB = 151936
 

@@ -1,7 +1,7 @@
 """The sandbox against hostile programs, per isolation mode, and on HumanEval solutions.
 
 Each mode runs one batch of hostile jobs (`run_many`, in parallel, short timeouts); every test reads its job's result
-and checks the host. A property is asserted in the modes that claim it (the table in `multiagent_trl.sandbox`).
+and checks the host. A property is asserted in the modes that claim it (the table in `multiagent_trl.rewards.sandbox`).
 Set MULTIAGENT_TRL_REQUIRE_BWRAP=1 (CI does) to fail instead of skipping where bubblewrap cannot run.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from multiagent_trl.sandbox import STATUSES, ExecutionResult, Job, Sandbox, SandboxUnavailableError
+from multiagent_trl.rewards.sandbox import STATUSES, ExecutionResult, Job, Sandbox, SandboxUnavailableError
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 1.0

@@ -1,5 +1,5 @@
 """Tools and environments for teams: TRL's real parser and tool-calling loop run per agent, on a tiny model that was
-fine-tuned to call the tools (`multiagent_trl.tool_testing`); no generation is mocked."""
+fine-tuned to call the tools (`multiagent_trl.tools.testing`); no generation is mocked."""
 
 import math
 import threading
@@ -9,8 +9,8 @@ import torch
 from datasets import Dataset
 
 from multiagent_trl import MultiAgentGRPOTrainer
-from multiagent_trl.tool_testing import CALCULATOR_QUESTIONS, LOOKUP_QUESTIONS, add, capital, tiny_tool_caller_path
-from multiagent_trl.tools import shared_environment
+from multiagent_trl.tools.environments import shared_environment
+from multiagent_trl.tools.testing import CALCULATOR_QUESTIONS, LOOKUP_QUESTIONS, add, capital, tiny_tool_caller_path
 
 from .conftest import completion_ids_of, id_reward, recording, small_args
 

@@ -1,5 +1,5 @@
 """The contract with the installed TRL: every attribute `GRPOTrainer` sets is sorted into per-agent, shared or unused
-state (`multiagent_trl/agent_state.py`), and `GRPOTrainer._generate` returns the fields `Rollout` names, in order.
+state (`multiagent_trl/team/views.py`), and `GRPOTrainer._generate` returns the fields `Rollout` names, in order.
 
 A TRL upgrade that adds state or reorders its rollout fails here, by name, instead of silently sharing one agent's
 state with another or passing wrong values along.
@@ -16,12 +16,12 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.base_trainer import _BaseTrainer
 
 from multiagent_trl import MultiAgentGRPOTrainer
-from multiagent_trl.agent_state import PER_AGENT, SHARED, UNUSED_BY_TEAMS
-from multiagent_trl.rollouts import Rollout
+from multiagent_trl.rollout.replay import Rollout
+from multiagent_trl.team.views import PER_AGENT, SHARED, UNUSED_BY_TEAMS
 
 from .conftest import length_ratio, small_args
 
-WHERE = "multiagent_trl/agent_state.py"
+WHERE = "multiagent_trl/team/views.py"
 SORTED = {**PER_AGENT, **SHARED, **UNUSED_BY_TEAMS}
 
 

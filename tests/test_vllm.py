@@ -27,7 +27,7 @@ from peft import LoraConfig  # noqa: E402
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: E402
 from multiagent_trl.testing import tiny_model_path  # noqa: E402
-from multiagent_trl.vllm_engine import CPU_KV_CACHE_GIB, AgentSampling, check_vllm_installed  # noqa: E402
+from multiagent_trl.vllm.engine import CPU_KV_CACHE_GIB, AgentSampling, check_vllm_installed  # noqa: E402
 
 from .conftest import recording  # noqa: E402
 
@@ -195,7 +195,7 @@ def test_a_team_learns_with_vllm(vllm_available, tmp_path):
 
 def test_truncated_sampling_with_the_correction_warns(tmp_path, caplog):
     """Only settings that truncate the sampled distribution, with the correction on, warn; per agent."""
-    from multiagent_trl.vllm_engine import warn_truncated_sampling
+    from multiagent_trl.vllm.engine import warn_truncated_sampling
 
     for agents, settings in [
         ([], dict()),
@@ -264,7 +264,13 @@ def test_more_agents_than_max_loras_raises(vllm_available, tmp_path):
 def test_vllm_tool_calls_run_per_agent(vllm_available, tmp_path):
     """TRL's tool-calling loop with a team on vLLM: each agent's calls go to the engine one agent at a time, with the
     tool results in the prompt; each agent calls its own tool (a tiny model fine-tuned to call them)."""
-    from multiagent_trl.tool_testing import CALCULATOR_QUESTIONS, LOOKUP_QUESTIONS, add, capital, tiny_tool_caller_path
+    from multiagent_trl.tools.testing import (
+        CALCULATOR_QUESTIONS,
+        LOOKUP_QUESTIONS,
+        add,
+        capital,
+        tiny_tool_caller_path,
+    )
 
     calls = [[], []]
 

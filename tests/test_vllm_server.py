@@ -38,7 +38,7 @@ def servers(vllm_available, tmp_path_factory):
     """Three vLLM servers of the `tiny-vllm` model, started as the docs say (`vllm_server.serve_command`, with
     `SERVER_ENV`): the first with LoRA for two adapters (a LoRA team's), the others without (one per agent of a team
     of separate models, whose syncs replace their weights). Their base URLs."""
-    from multiagent_trl.vllm_server import SERVER_ENV, serve_command
+    from multiagent_trl.vllm.server import SERVER_ENV, serve_command
 
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}  # the server's own engine
     # A 1 GiB KV cache each, as the docs' command sets it: unset, each server takes most of the machine's memory.
@@ -99,7 +99,7 @@ def test_vllm_servers_two_processes(servers, tmp_path, kind):
 
 
 def test_server_urls_one_per_agent_or_one_for_a_lora_team(vllm_available, tmp_path):
-    from multiagent_trl.vllm_server import server_urls
+    from multiagent_trl.vllm.server import server_urls
 
     one = vllm_args(tmp_path, vllm_mode="server", vllm_server_base_url=["http://a:1/"])
     assert one.vllm_server_base_url == "http://a:1/" and server_urls(one, 1) == ["http://a:1"]

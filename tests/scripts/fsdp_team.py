@@ -20,7 +20,7 @@ from datasets import Dataset
 from peft import LoraConfig
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
-from multiagent_trl.sharding import full_state_dict, local_parameter_bytes, parameter_bytes
+from multiagent_trl.team.sharding import full_state_dict, local_parameter_bytes, parameter_bytes
 from multiagent_trl.testing import tiny_model_path
 
 

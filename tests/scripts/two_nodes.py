@@ -17,7 +17,7 @@ from datasets import Dataset
 from trl import GRPOTrainer
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
-from multiagent_trl.checkpointing import save_atomically
+from multiagent_trl.team.checkpointing import save_atomically
 from multiagent_trl.testing import tiny_model_path
 
 

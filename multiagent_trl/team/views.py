@@ -28,13 +28,13 @@ from trl.chat_template_utils import get_training_chat_template, is_chat_template
 from trl.models.utils import prepare_deepspeed
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
+from ..config import AGENT_SETTINGS
+from ..tools.environments import TOOL_STATE
 from . import sharding
-from .config import AGENT_SETTINGS
-from .team import mixed_batch_refusal
-from .tools import TOOL_STATE
+from .modules import mixed_batch_refusal
 
 if TYPE_CHECKING:
-    from .trainer import MultiAgentGRPOTrainer
+    from ..trainer import MultiAgentGRPOTrainer
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .rewards import cross_credit, cross_tuples
+from ..rewards.joint import cross_credit, cross_tuples
 
 TREE, LINEAR = "tree", "linear"
 SHAPES = (TREE, LINEAR)

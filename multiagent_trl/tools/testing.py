@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from trl.chat_template_utils import qwen3_template
 
-from .testing import byte_level_backend, byte_level_config, cache_dir, is_model_folder, save_model_folder
+from ..testing import byte_level_backend, byte_level_config, cache_dir, is_model_folder, save_model_folder
 
 CAPITALS = {"France": "Paris", "Peru": "Lima", "Japan": "Tokyo"}
 

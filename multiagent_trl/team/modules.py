@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from . import generation
+from ..rollout import generation
 from .agent_rows import AgentRowsLora, AgentRowsModels, same_architecture
 
 
@@ -132,7 +132,7 @@ class AgentTeam(nn.Module):
     def generate_batch(self, inputs: list[list[int]], **kwargs) -> dict:
         """Continuous batching (transformers' `generate_batch`, TRL's `use_transformers_continuous_batching`) for the
         active agent or, inside `mixed_batch`, for every agent: one `generate_batch` call per agent, since the paged
-        path chooses the rows of each step itself (see `multiagent_trl.generation`). Returns the outputs in the
+        path chooses the rows of each step itself (see `multiagent_trl.rollout.generation`). Returns the outputs in the
         order of `inputs`."""
         if self._batch_rows is None:
             return generation.generate_batch(self.active_model(), inputs, **kwargs)

@@ -41,10 +41,10 @@ from trl.chat_template_utils import (
 )
 from trl.trainer.utils import shutdown_event_loop_in_daemon, start_event_loop_in_daemon
 
-from .rewards import bind_reward
+from ..rewards.joint import bind_reward
 
 if TYPE_CHECKING:
-    from .trainer import MultiAgentGRPOTrainer
+    from ..trainer import MultiAgentGRPOTrainer
 
 logger = logging.getLogger(__name__)
 

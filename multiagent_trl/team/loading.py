@@ -16,7 +16,7 @@ from torch import nn
 from transformers import AutoProcessor, PreTrainedModel, PreTrainedTokenizerBase
 from trl.trainer.utils import create_model_from_path
 
-from .config import MultiAgentGRPOConfig
+from ..config import MultiAgentGRPOConfig
 
 
 def load_agents(model, args: MultiAgentGRPOConfig, quantization_config, copies: bool) -> list[PreTrainedModel]:

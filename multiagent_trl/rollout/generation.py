@@ -35,7 +35,7 @@ from .sampling import use_top_k_top_p
 if TYPE_CHECKING:
     from transformers.generation import ContinuousBatchingConfig
 
-    from .trainer import MultiAgentGRPOTrainer
+    from ..trainer import MultiAgentGRPOTrainer
 
 
 def compiled(config: GenerationConfig, compile_kwargs: dict[str, Any] | None = None) -> GenerationConfig:

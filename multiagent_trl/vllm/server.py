@@ -27,14 +27,14 @@ import requests
 import torch
 from accelerate import PartialState
 
-from .team import AgentTeam, LoraAgentTeam
-from .vllm_engine import AgentSampling, check_team, check_vllm_installed, engine_lora_rank, save_base
+from ..team.modules import AgentTeam, LoraAgentTeam
+from .engine import AgentSampling, check_team, check_vllm_installed, engine_lora_rank, save_base
 
 # vLLM's server environment for the team's servers: `trl vllm-serve` sets the first (the weight-transfer, prefix-cache
 # and `/collective_rpc` endpoints); the second lets the trainer load and reload adapters while the server runs.
 SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 # Reloads a server's weights from a folder, tied LM head included (`vllm_worker`): the sync without CUDA.
-WORKER_EXTENSION = "multiagent_trl.vllm_worker.WeightReload"
+WORKER_EXTENSION = "multiagent_trl.vllm.worker.WeightReload"
 
 
 def serve_command(

@@ -34,10 +34,10 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import SaveStrategy
 from trl.trainer.utils import RepeatSampler
 
-from .config import MultiAgentGRPOConfig
-from .evaluation import EvalTrajectories, turn_metrics
-from .loading import load_agents, load_processing_classes
-from .trainer import MultiAgentGRPOTrainer
+from ..config import MultiAgentGRPOConfig
+from ..rollout.evaluation import EvalTrajectories, turn_metrics
+from ..team.loading import load_agents, load_processing_classes
+from ..trainer import MultiAgentGRPOTrainer
 
 logger = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ from peft.tuners.lora.layer import LoraLayer
 from peft.utils.other import AuxiliaryTrainingWrapper
 from torch import nn
 
-from .team import AgentTeam, LoraAgentTeam
-from .vllm_worker import repack_tied_head
+from ..team.modules import AgentTeam, LoraAgentTeam
+from .worker import repack_tied_head
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .rollout_tree import Level, Node, paths, sample_members
+from .tree import Level, Node, paths, sample_members
 
 COMLRL_TRANSITION_PARAMETERS = ("agent_completions", "prompt_history_per_agent", "response_history_per_agent")
 # Every keyword CoMLRL passes to a transition (it passes nothing by position).

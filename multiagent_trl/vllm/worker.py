@@ -1,4 +1,4 @@
-"""Code that runs inside vLLM's workers: `--worker-extension-cls multiagent_trl.vllm_worker.WeightReload` adds
+"""Code that runs inside vLLM's workers: `--worker-extension-cls multiagent_trl.vllm.worker.WeightReload` adds
 `reload_from_folder` to a server's workers, which the team calls through the server's `/collective_rpc`.
 
 Why not the server's own `reload_weights`: vLLM's CPU build packs the LM head for oneDNN when the model loads, and a

@@ -223,7 +223,7 @@ def bind_reward_funcs(
             if num_agents == 1:
                 bound.append(func)
                 continue
-            from .reward_models import JointRewardModel  # loads transformers' auto classes only when needed
+            from .models import JointRewardModel  # loads transformers' auto classes only when needed
 
             init_kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
             init_kwargs.setdefault("trust_remote_code", getattr(args, "trust_remote_code", False))

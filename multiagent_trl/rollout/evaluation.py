@@ -20,10 +20,10 @@ import torch
 from accelerate.utils import gather_object
 from transformers import GenerationConfig
 
-from .rollout_tree import Level, sample_members
+from .tree import Level, sample_members
 
 if TYPE_CHECKING:
-    from .trainer import MultiAgentGRPOTrainer
+    from ..trainer import MultiAgentGRPOTrainer
 
 
 @dataclass

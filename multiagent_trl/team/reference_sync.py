@@ -19,8 +19,8 @@ from transformers import TrainerCallback
 from trl.trainer.callbacks import SyncRefModelCallback
 
 if TYPE_CHECKING:
-    from .config import MultiAgentGRPOConfig
-    from .trainer import MultiAgentGRPOTrainer
+    from ..config import MultiAgentGRPOConfig
+    from ..trainer import MultiAgentGRPOTrainer
 
 
 def check_reference_sync(args: MultiAgentGRPOConfig, models: list) -> None:

@@ -1,0 +1,1 @@
+"""What one step plays: the rollout tree, turns, generation and sampling, and replaying it to TRL."""

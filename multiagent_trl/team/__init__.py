@@ -1,0 +1,5 @@
+"""The agents as one module: how they are loaded, placed, sharded, viewed one at a time and checkpointed."""
+
+from .modules import AgentTeam, LoraAgentTeam
+
+__all__ = ["AgentTeam", "LoraAgentTeam"]

@@ -1,0 +1,1 @@
+"""vLLM generation for teams: one engine (or server) for a LoRA team, one per separate model."""
