@@ -210,7 +210,7 @@ def set_variant(trainer, variant: str) -> None:
     """Undo the optimizations that `variant` leaves out (see `Arguments.variants`)."""
     from trl.kernels import chunked_logprob
 
-    from multiagent_trl import logprob_kernel
+    from multiagent_trl.rollout import logprob_kernel
 
     logprob_kernel.use_faster_cpu_kernel()
     if variant != "all":

@@ -116,7 +116,7 @@ class TrlKernels:
     def __enter__(self):
         from trl.kernels import chunked_logprob
 
-        from multiagent_trl import logprob_kernel
+        from multiagent_trl.rollout import logprob_kernel
 
         self.current = (chunked_logprob._forward_tile, chunked_logprob._backward_tile)
         if logprob_kernel._original_forward_tile is not None:

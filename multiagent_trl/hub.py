@@ -403,3 +403,25 @@ def push_team(
         )
         urls.append(f"https://huggingface.co/{repo}")
     return urls
+
+
+def push_to_hub(
+    trainer: MultiAgentGRPOTrainer,
+    commit_message: str | None = "End of training",
+    blocking: bool = True,
+    token: str | None = None,
+    revision: str | None = None,
+    private: bool | None = None,
+    *,
+    repo_id: str | None = None,
+    single_repo: bool = False,
+    dataset_name: str | None = None,
+    tags: Sequence[str] = (),
+    **kwargs,
+) -> list[str]:
+    """`MultiAgentGRPOTrainer.push_to_hub`: push every agent to the Hub, each with a model card (`push_team`): one repo
+    per agent, `<repo_id>-agent-{i}`, or with `single_repo=True` one repo `repo_id` with `agent_i/` folders. `repo_id`
+    defaults to `args.hub_model_id`, else the name of `output_dir`. Returns the repos' URLs. (Trainer's pushes one
+    folder to one repo; `blocking` is accepted for its signature, the uploads always finish before returning.)"""
+    message = commit_message or "End of training"
+    return push_team(trainer, repo_id, single_repo, message, private, token, revision, dataset_name, tags)

@@ -6,7 +6,9 @@ import torch
 from peft import LoraConfig
 from transformers.generation import ContinuousBatchingConfig
 
-from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer, agent_rows, generation
+from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from multiagent_trl.rollout import generation
+from multiagent_trl.team import agent_rows
 from multiagent_trl.team.modules import AgentTeam
 
 from .conftest import small_args

@@ -5,7 +5,7 @@ import pytest
 import torch
 from trl.kernels import chunked_logprob
 
-from multiagent_trl import logprob_kernel
+from multiagent_trl.rollout import logprob_kernel
 
 
 def run(tiles, monkeypatch, *, bias: bool, logit_scale: float, softcap: float | None, outputs):

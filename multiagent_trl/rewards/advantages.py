@@ -61,10 +61,15 @@ def baseline_advantages(
     return torch.nan_to_num(advantages, nan=0.0).flatten()
 
 
-def local_baseline_advantages(trainer, rewards: torch.Tensor) -> torch.Tensor:
-    """This process's slice of the advantages of `rewards` (gathered, one per sample of the generation batch) under
-    `trainer.args.advantage_baseline`, with the group size of the current mode."""
-    group = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
-    advantages = baseline_advantages(rewards, group, trainer.args.advantage_baseline, trainer.scale_rewards)
-    size = len(advantages) // trainer.accelerator.num_processes
-    return advantages[trainer.accelerator.process_index * size :][:size]
+def local_baseline_advantages(
+    rewards: torch.Tensor, group: int, baseline: str, scale_rewards: str, process_index: int, num_processes: int
+) -> torch.Tensor:
+    """This process's slice of the advantages of `rewards` (gathered, one per sample of the generation batch, in
+    groups of `group`) under `baseline` (`advantage_baseline`).
+
+    >>> local_baseline_advantages(torch.tensor([1.0, 3.0, 0.0, 0.0]), 2, "none", "none", 1, 2)
+    tensor([0., 0.])
+    """
+    advantages = baseline_advantages(rewards, group, baseline, scale_rewards)
+    size = len(advantages) // num_processes
+    return advantages[process_index * size :][:size]

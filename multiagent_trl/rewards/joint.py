@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from accelerate import Accelerator
 from accelerate.utils import gather_object
 from torch import nn
 from trl.trainer.utils import get_callable_name, is_async_callable
@@ -357,15 +358,6 @@ def credit_columns(rewards_per_func, joint, agent_rewards, processor, weights) -
     return columns
 
 
-def agent_columns(columns: list[torch.Tensor], width: int, num_agents: int, cross: bool, args) -> list[torch.Tensor]:
-    """Each agent's credited reward columns from `credit_columns`' (the joint, or each agent's own): in cross mode,
-    each completion credited with its tuples' rewards (`args.cross_credit`: their mean or CoMLRL's sum)."""
-    credited = [columns[i % len(columns)] for i in range(num_agents)]
-    if not cross:
-        return credited
-    return [cross_credit(c, width, num_agents, i, args.cross_credit) for i, c in enumerate(credited)]
-
-
 def weighted_sum(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """The weighted sum of the reward functions' columns, `(rows, F) -> (rows,)`; NaN where none scored (as TRL)."""
     total = (rewards_per_func * weights.to(rewards_per_func.device)).nansum(dim=1)
@@ -373,18 +365,19 @@ def weighted_sum(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch
     return total
 
 
-def pop_agent_rewards(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor | None:
+def pop_agent_rewards(
+    reward_funcs: Sequence, rewards_per_func: torch.Tensor, num_agents: int, accelerator: Accelerator
+) -> torch.Tensor | None:
     """Each agent's own rewards `(rows, F, N)` (gathered), from the functions that returned one per agent in their
     last call, and the joint reward (`rewards_per_func`, gathered) broadcast for the others. `None` when no function
     returned per-agent rewards on any process (and always for a team of one)."""
-    num_agents, accelerator = trainer.num_agents, trainer.accelerator
     if num_agents == 1:
         return None
     local_rows = len(rewards_per_func) // accelerator.num_processes
     start = accelerator.process_index * local_rows
     local = rewards_per_func[start : start + local_rows].unsqueeze(2).repeat(1, 1, num_agents)  # (rows, F, N)
     found = torch.zeros(1, device=rewards_per_func.device)
-    for k, func in enumerate(trainer.reward_funcs):
+    for k, func in enumerate(reward_funcs):
         values = getattr(func, "agent_rewards", None)
         if values is not None:
             func.agent_rewards = None
@@ -550,17 +543,25 @@ def cross_credit(
     return credit.reshape(-1, num_funcs)
 
 
-def flush_reward_logs(trainer, mode: str, prefix: str, num_rows: int) -> dict[str, list]:
+def flush_reward_logs(
+    pending: dict[str, list],
+    extra: dict[str, list],
+    metrics: dict[str, list],
+    accelerator: Accelerator,
+    prefix: str,
+    num_rows: int,
+) -> dict[str, list]:
     """What the reward functions recorded during the joint pass with TRL's `log_metric` and `log_extra`: the metrics
     under the joint names (averaged across processes, as TRL does); the extra columns gathered, returned for the
     completions table. TRL flushes these buffers in its own pass, which here runs per agent: left to it, they would
-    land under agent 0's names, and the columns in no table."""
-    accelerator, pending, extra = trainer.accelerator, trainer._pending_metrics, trainer._pending_extra_logs
+    land under agent 0's names, and the columns in no table. `pending` and `extra` (TRL's `_pending_metrics` and
+    `_pending_extra_logs`) are emptied; the metrics are appended to `metrics` (TRL's `_metrics[mode]`) under
+    `prefix`."""
     for name in sorted(set(gather_object(list(pending)))):  # the same order on every process
         values = pending.get(name, [])
         stats = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=accelerator.device)
         total, count = accelerator.gather(stats).view(-1, 2).sum(dim=0).tolist()
-        trainer._metrics[mode][prefix + name].append(total / count)
+        metrics[prefix + name].append(total / count)
     columns = sorted(set(gather_object(list(extra))))
     extras = {column: gather_object(extra.get(column, [None] * num_rows)) for column in columns}
     pending.clear()

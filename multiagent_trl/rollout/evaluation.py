@@ -14,16 +14,13 @@ import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from accelerate.utils import gather_object
 from transformers import GenerationConfig
 
 from .tree import Level, sample_members
-
-if TYPE_CHECKING:
-    from ..trainer import MultiAgentGRPOTrainer
 
 
 @dataclass
@@ -97,18 +94,17 @@ def turn_metrics(trajectories: EvalTrajectories, num_turns: int) -> dict[str, fl
 
 
 @contextmanager
-def decoding(trainer: MultiAgentGRPOTrainer, mode: str) -> Iterator[None]:
-    """Greedy decoding during evaluation when `eval_do_sample=False`; the training settings otherwise."""
-    if mode == "train" or trainer.args.eval_do_sample:
+def greedy_decoding(views: list[dict[str, Any]], greedy: bool = True) -> Iterator[None]:
+    """Inside the block, every agent's view decodes greedily (evaluation with `eval_do_sample=False`); with
+    `greedy=False`, nothing changes."""
+    if not greedy:
         yield
         return
-    views = trainer._agent_views
     configs = [view["generation_config"] for view in views]
     for view, config in zip(views, configs):
         view["generation_config"] = _greedy(config)
     try:
-        with trainer._swap(generation_config=views[0]["generation_config"]):
-            yield
+        yield
     finally:
         for view, config in zip(views, configs):
             view["generation_config"] = config

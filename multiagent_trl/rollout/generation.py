@@ -35,8 +35,6 @@ from .sampling import use_top_k_top_p
 if TYPE_CHECKING:
     from transformers.generation import ContinuousBatchingConfig
 
-    from ..trainer import MultiAgentGRPOTrainer
-
 
 def compiled(config: GenerationConfig, compile_kwargs: dict[str, Any] | None = None) -> GenerationConfig:
     """A copy of `config` that decodes with a static KV cache and a compiled decoding step.
@@ -59,18 +57,17 @@ def compiled(config: GenerationConfig, compile_kwargs: dict[str, Any] | None = N
     return config
 
 
-def configure_decoding(trainer: MultiAgentGRPOTrainer, models: list) -> None:
-    """Apply the team's decoding options to every agent's generation config, and let each of `models` (the agents'
-    models) sample top-k then top-p without sorting the vocabulary (`sampling.use_top_k_top_p`: the same tokens)
-    (called once, at construction)."""
+def configure_decoding(views: list[dict[str, Any]], models: list, args) -> GenerationConfig:
+    """Apply the team's decoding options (`args.compile_generation`) to every agent's generation config in `views`,
+    and let each of `models` (the agents' models) sample top-k then top-p without sorting the vocabulary
+    (`sampling.use_top_k_top_p`: the same tokens). Returns agent 0's generation config (called once, at
+    construction)."""
     for model in models:
         use_top_k_top_p(model)
-    if not trainer.args.compile_generation:
-        return
-    kwargs = trainer.args.compile_generation_kwargs
-    for view in trainer._agent_views:
-        view["generation_config"] = compiled(view["generation_config"], kwargs)
-    trainer.generation_config = trainer._agent_views[0]["generation_config"]
+    if args.compile_generation:
+        for view in views:
+            view["generation_config"] = compiled(view["generation_config"], args.compile_generation_kwargs)
+    return views[0]["generation_config"]
 
 
 def sized_continuous_batching_config(

@@ -219,3 +219,40 @@ def completion_text(completion) -> str:
     if isinstance(completion, str):
         return completion
     return "\n".join(str(message.get("content", "")) for message in completion)
+
+
+def add_completion_rows(logs: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Append `completion_rows`' rows (gathered) to TRL's completions-table buffer `logs` (`GRPOTrainer._logs`)."""
+    for row in rows:
+        logs["prompt"].append(row["prompt"])
+        logs["completion"].append(row["completion"])
+        logs["advantages"].append(row["advantage"])
+        for name, value in row["rewards"].items():
+            logs["rewards"][name].append(value)
+        for column, value in row["extra"].items():
+            logs["extra"][column].append(value)
+
+
+def formatted_rows(rows: list[dict], formatter: Callable | None, agent: int) -> list[dict]:
+    """Agent `agent`'s rows: each row with its `"prompt"` built by the agent's `formatter` (the rows as they are
+    without one); raises, naming the formatter, where one returns something that is not a prompt.
+
+    >>> formatted_rows([{"q": "2+2"}], lambda row: "Q: " + row["q"], 0)
+    [{'q': '2+2', 'prompt': 'Q: 2+2'}]
+    """
+    if formatter is None:
+        if "prompt" not in rows[0]:
+            raise ValueError(
+                f"The dataset rows have no 'prompt' column (columns: {sorted(rows[0])}). Add one, or pass "
+                "`formatters=` to build each agent's prompt from a row."
+            )
+        return rows
+    out = [{**row, "prompt": formatter(row)} for row in rows]
+    for k, row in enumerate(out):
+        if not is_prompt(row["prompt"]):
+            name = getattr(formatter, "__name__", type(formatter).__name__)
+            raise ValueError(
+                f"`formatters` (agent {agent}'s, {name}) returned {row['prompt']!r} for row {k}; a formatter must "
+                "return the agent's prompt: a string, or a conversation (a list of message dicts)."
+            )
+    return out

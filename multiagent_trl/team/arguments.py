@@ -87,3 +87,20 @@ def check_shared_tokenizer(shared_base: bool, processing_classes: list) -> None:
     """Adapters on one base share its tokenizer."""
     if shared_base and len(set(map(id, processing_classes))) > 1:
         raise ValueError("Agents that share one base model share its tokenizer: pass one `processing_class`.")
+
+
+def team_config(model: Any, args: Any) -> Any:
+    """The trainer's config: `args`, or the defaults for `None`; raises, naming the fix, where `model` is missing or
+    `args` is not a `MultiAgentGRPOConfig` (a plain `GRPOConfig`, say)."""
+    from ..config import MultiAgentGRPOConfig
+
+    if model is None:
+        raise ValueError("Pass the agents: `model=` (an id, a path, a model, or a list of them).")
+    if args is None:
+        return MultiAgentGRPOConfig(output_dir="multiagent-grpo-output")
+    if not isinstance(args, MultiAgentGRPOConfig):
+        raise TypeError(
+            f"`args` is a {type(args).__name__}; MultiAgentGRPOTrainer needs a MultiAgentGRPOConfig (or "
+            "MAGRPOConfig), which takes every GRPOConfig field: replace `GRPOConfig(` with `MultiAgentGRPOConfig(`."
+        )
+    return args

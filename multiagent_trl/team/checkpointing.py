@@ -37,9 +37,11 @@ import shutil
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
+import torch
 from accelerate.utils import broadcast_object_list, gather_object
-from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -64,7 +66,20 @@ def publishes(process_index: int, local_main: bool, visible: Sequence[int]) -> b
     return local_main and process_index == min(visible)
 
 
-def save_atomically(trainer, save_checkpoint: Callable, model, trial) -> bool:
+class CheckpointingTrainer(Protocol):
+    """What `save_atomically` uses of the trainer: the settings and state, and the two `Trainer` methods it redirects
+    while Trainer's own save writes into the staging folder."""
+
+    args: Any
+    accelerator: Any
+    state: Any
+
+    def _get_output_dir(self, trial=None) -> str: ...
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None: ...
+
+
+def save_atomically(trainer: CheckpointingTrainer, save_checkpoint: Callable, model, trial) -> bool:
     """Run Trainer's `save_checkpoint(model, trial)` into a staging folder, then publish it as `checkpoint-N/`.
 
     Must be called by every process, like `Trainer._save_checkpoint`. Returns whether this process renamed the folder
@@ -136,3 +151,26 @@ def publish(staged: str, final: str) -> None:
     if os.path.isdir(final):
         os.rename(final, os.path.join(staging, "replaced"))
     os.rename(staged, final)
+
+
+def save_team(team, processing_classes: Sequence, output_dir: str, state_dict: dict | None, args) -> None:
+    """Save each agent of `team` to `output_dir/agent_{i}/` with its tokenizer: a model folder for `from_pretrained`,
+    or an adapter folder for `PeftModel.from_pretrained` (plus `merged/` with `args.save_merged_models`), and `args`
+    as Trainer saves them."""
+    for i, processing_class in enumerate(processing_classes):
+        agent_dir = os.path.join(output_dir, f"agent_{i}")
+        team.save_agent(i, agent_dir, state_dict=state_dict, merged=args.save_merged_models)
+        processing_class.save_pretrained(agent_dir)
+    torch.save(args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+
+
+def load_team_folders(team, folder: str, num_agents: int) -> None:
+    """Load each agent of `team` from `folder/agent_{i}/` (what `save_team` wrote)."""
+    for i in range(num_agents):
+        agent_dir = os.path.join(folder, f"agent_{i}")
+        if not os.path.isdir(agent_dir):
+            raise FileNotFoundError(
+                f"Checkpoint {folder} has no folder agent_{i}/; it was not written by a MultiAgentGRPOTrainer with "
+                f"{num_agents} agents."
+            )
+        team.load_agent(i, agent_dir)

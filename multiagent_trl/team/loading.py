@@ -10,13 +10,56 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from peft import PeftConfig, PeftModel, get_peft_model
 from torch import nn
-from transformers import AutoProcessor, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoProcessor, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 from trl.trainer.utils import create_model_from_path
 
 from ..config import MultiAgentGRPOConfig
+from .arguments import check_shared_tokenizer, check_team_arguments, per_agent
+from .reference_sync import check_reference_sync
+
+
+@dataclass
+class LoadedTeam:
+    """The agents as loaded, before the trainer prepares them."""
+
+    models: list  # one per agent, or the one shared base (a PeftModel with one adapter per agent)
+    processing_classes: list  # one per model
+    shared_base: bool  # a LoRA team: one base, one adapter per agent
+    num_agents: int
+    betas: list[float]  # each agent's KL coefficient
+
+
+def load_team(model, args: MultiAgentGRPOConfig, peft_config, processing_class, quantization_config, scheduler):
+    """Load the agents (`model=`, `peft_config=`, `processing_class=` as the trainer takes them): one base with one
+    adapter per agent, or one model per agent (each with its own adapter if asked), and their tokenizers. Settles
+    `args.num_agents` and checks what depends on it, before anything else is built."""
+    # PEFT draws adapter weights from the global generator, so seed first, as GRPOTrainer does.
+    set_seed(args.seed)
+    check_peft_arguments(model, peft_config)
+    adapter_names = agent_adapter_names(model, args.num_agents)  # a LoRA team's trained adapters, if given
+    shared_base = adapter_names is not None or (
+        peft_config is not None and isinstance(model, (str, os.PathLike, nn.Module))
+    )
+    models = load_agents(model, args, quantization_config, copies=not shared_base)
+    if adapter_names is not None:
+        args.num_agents = len(adapter_names)
+    num_agents = args.num_agents = (args.num_agents or 1) if shared_base else len(models)
+    args.check_agent_settings(num_agents)  # before anything reads an agent's value
+    args.check_rollout_size(num_agents)  # the config counted `num_agents=None` as one agent
+    betas = [args.agent_setting("beta", i) for i in range(num_agents)]
+    check_team_arguments(args, num_agents, scheduler, adapter_names is not None, betas)
+    trained_adapters = [m for m, beta in zip(models, betas) if isinstance(m, PeftModel) and beta != 0.0]
+    models = add_adapters(models, per_agent("peft_config", peft_config, num_agents, PeftConfig), shared_base)
+    for agent in trained_adapters:
+        add_reference_adapter(agent)
+    check_reference_sync(args, models)
+    processing_classes = load_processing_classes(processing_class, models, args)
+    check_shared_tokenizer(shared_base, processing_classes)
+    return LoadedTeam(models, processing_classes, shared_base, num_agents, betas)
 
 
 def load_agents(model, args: MultiAgentGRPOConfig, quantization_config, copies: bool) -> list[PreTrainedModel]:

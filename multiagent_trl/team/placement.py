@@ -83,26 +83,31 @@ def place_on(model: nn.Module, device: torch.device, home: torch.device) -> None
     model.register_forward_hook(outputs_home, with_kwargs=True)
 
 
-def place_agents(trainer, team: nn.Module, devices: Sequence[str], reference_devices: Sequence[str] | None) -> None:
-    """Put each agent of `team` (and its reference model, in the trainer's agent views) on its device, and stop
-    Trainer and Accelerate from moving the team back onto one device."""
-    agent_devices = check_devices(devices, "agent_devices", trainer.num_agents, trainer.args.world_size)
+def place_agents(
+    team: nn.Module,
+    ref_models: Sequence[nn.Module | None],
+    devices: Sequence[str],
+    reference_devices: Sequence[str] | None,
+    home: torch.device,
+    world_size: int,
+) -> None:
+    """Put each agent of `team` (and its reference model, `ref_models[i]`) on its device, with inputs and outputs
+    moved from and to `home` (the process's device), and mark the team as placed by the user so that Trainer and
+    Accelerate do not move it back onto one device (the trainer must not either: `is_model_parallel`)."""
+    num_agents = len(ref_models)
+    agent_devices = check_devices(devices, "agent_devices", num_agents, world_size)
     ref_devices = agent_devices
     if reference_devices is not None:
-        ref_devices = check_devices(reference_devices, "reference_devices", trainer.num_agents, 1)
-    if len(team.models()) != trainer.num_agents:
+        ref_devices = check_devices(reference_devices, "reference_devices", num_agents, 1)
+    if len(team.models()) != num_agents:
         raise ValueError(
             "`agent_devices` needs one model per agent; agents that share one base model (one LoRA adapter each) "
             "live on the base's device. Pass a list of models, or drop `agent_devices`."
         )
-    home = trainer.accelerator.device
     for i, model in enumerate(team.models()):
         place_on(model, agent_devices[i], home)
-        ref_model = trainer._agent_views[i].get("ref_model")
-        if ref_model is not None:
-            place_on(ref_model, ref_devices[i], home)
+        if ref_models[i] is not None:
+            place_on(ref_models[i], ref_devices[i], home)
     # Trainer and Accelerate read an `hf_device_map` with several entries as "placed by the user": they then neither
     # move the model to one device nor wrap it for data parallelism.
     team.hf_device_map = {f"agents.{i}": str(d) for i, d in enumerate(agent_devices)}
-    trainer.is_model_parallel = True
-    trainer.place_model_on_device = False

@@ -12,15 +12,15 @@ disabled (or a frozen `ref` copy of a trained adapter), not a copy of its own th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from accelerate import Accelerator
 from peft import PeftModel
 from transformers import TrainerCallback
 from trl.trainer.callbacks import SyncRefModelCallback
 
 if TYPE_CHECKING:
     from ..config import MultiAgentGRPOConfig
-    from ..trainer import MultiAgentGRPOTrainer
 
 
 def check_reference_sync(args: MultiAgentGRPOConfig, models: list) -> None:
@@ -50,20 +50,21 @@ class ReferenceSyncCallback(TrainerCallback):
     `ref_i <- alpha * policy_i + (1 - alpha) * ref_i`. Agents with `beta == 0` have no reference and are skipped.
 
     Args:
-        trainer: The team trainer, whose agent views hold the references and whose team holds the policies.
+        accelerator: The run's accelerator (it unwraps the team and the references).
+        views: The agents' views (`team.views`), whose `ref_model` entries are the references.
     """
 
-    def __init__(self, trainer: MultiAgentGRPOTrainer):
-        self.trainer = trainer
+    def __init__(self, accelerator: Accelerator, views: list[dict[str, Any]]):
+        self.accelerator = accelerator
+        self.views = views
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % args.ref_model_sync_steps != 0:
             return
-        trainer = self.trainer
-        team = trainer.accelerator.unwrap_model(trainer.model)
-        for i, view in enumerate(trainer._agent_views):
+        team = self.accelerator.unwrap_model(model)
+        for i, view in enumerate(self.views):
             if view["ref_model"] is None:
                 continue
-            reference = trainer.accelerator.unwrap_model(view["ref_model"])
+            reference = self.accelerator.unwrap_model(view["ref_model"])
             # TRL's own update (it also gathers ZeRO-3 shards), applied to one agent and its reference.
             SyncRefModelCallback.sync_target_model(team.agents[i], reference, args.ref_model_mixup_alpha)

@@ -12,6 +12,7 @@ is not sorted here, so a TRL upgrade that adds state fails in one named place in
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -19,7 +20,8 @@ import logging
 import os
 import types
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 from peft import PeftModel
 from torch import nn
@@ -33,8 +35,19 @@ from ..tools.environments import TOOL_STATE
 from . import sharding
 from .modules import mixed_batch_refusal
 
-if TYPE_CHECKING:
-    from ..trainer import MultiAgentGRPOTrainer
+
+class PolicyHost(Protocol):
+    """What building the views reads from the trainer: TRL's own `PER_AGENT` attributes for agent 0 (read by name,
+    `getattr`), and these."""
+
+    args: Any  # the team's config (`MultiAgentGRPOConfig`): per-agent settings by index
+    accelerator: Any
+    tools: list  # TRL's: whether its policy uses tools
+    temperature: float  # the active agent's (the trainer swaps it in per agent)
+    is_deepspeed_enabled: bool
+    is_fsdp_enabled: bool
+    _tag_names: list[str]
+
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +150,7 @@ UNUSED_BY_TEAMS: dict[str, str] = {
 _FRESH = ("_metrics", "_logs", "_pending_extra_logs", "_pending_metrics", "_entropy_window_stats")
 
 
-def initial_state(trainer: MultiAgentGRPOTrainer) -> dict[str, Any]:
+def initial_state(trainer: PolicyHost) -> dict[str, Any]:
     """The buffers and the entropy controller as `GRPOTrainer.__init__` leaves them, fresh for one agent."""
     state = {name: copy.deepcopy(getattr(trainer, name)) for name in _FRESH}
     state["entropy_coef"] = trainer.args.entropy_coef
@@ -145,7 +158,7 @@ def initial_state(trainer: MultiAgentGRPOTrainer) -> dict[str, Any]:
     return state
 
 
-def settings_state(trainer: MultiAgentGRPOTrainer, index: int, tokenizer, eos_token_ids: list[int]) -> dict[str, Any]:
+def settings_state(trainer: PolicyHost, index: int, tokenizer, eos_token_ids: list[int]) -> dict[str, Any]:
     """Agent `index`'s per-agent settings (`config.AGENT_SETTINGS`), and its generation config built from them with
     its tokenizer's special tokens, the way `GRPOTrainer.__init__` builds its own from the config."""
     args = trainer.args
@@ -173,9 +186,7 @@ def settings_state(trainer: MultiAgentGRPOTrainer, index: int, tokenizer, eos_to
     }
 
 
-def model_state(
-    trainer: MultiAgentGRPOTrainer, index: int, model: PreTrainedModel | PeftModel, processing_class
-) -> dict:
+def model_state(trainer: PolicyHost, index: int, model: PreTrainedModel | PeftModel, processing_class) -> dict:
     """Prepare agent `index`'s model the way `GRPOTrainer.__init__` prepares its policy, and return the agent's
     model- and tokenizer-derived `PER_AGENT` values, with its own settings."""
     args = trainer.args
@@ -224,9 +235,7 @@ def model_state(
     }
 
 
-def prepare_reference(
-    trainer: MultiAgentGRPOTrainer, ref_model: PreTrainedModel | None, temperature: float
-) -> nn.Module | None:
+def prepare_reference(trainer: PolicyHost, ref_model: PreTrainedModel | None, temperature: float) -> nn.Module | None:
     """Prepare one agent's reference model as `GRPOTrainer.__init__` prepares its own (log-probs at the agent's
     `temperature`)."""
     if ref_model is None:
@@ -242,7 +251,7 @@ def prepare_reference(
 
 
 def agent_views(
-    trainer: MultiAgentGRPOTrainer, models: list, processing_classes: list, ref_models: list, shared_base: bool
+    trainer: PolicyHost, models: list, processing_classes: list, ref_models: list, shared_base: bool
 ) -> list[dict[str, Any]]:
     """One `PER_AGENT` dict per agent. `GRPOTrainer.__init__` has prepared `models[0]` (and, on a shared base, every
     agent's model) with agent 0's settings: agent 0 takes the trainer's values, agents on the shared base take them
@@ -287,7 +296,7 @@ def same_generation_settings(views: list[dict[str, Any]]) -> bool:
     return all(view["generation_kwargs"] == views[0]["generation_kwargs"] for view in views[1:])
 
 
-def switch_temperatures(trainer: MultiAgentGRPOTrainer, base: PreTrainedModel, temperatures: list[float]) -> None:
+def switch_temperatures(trainer: PolicyHost, base: PreTrainedModel, temperatures: list[float]) -> None:
     """Agents on one shared base with different temperatures: TRL divides the logits by the temperature inside the
     base's patched forward (`add_fused_lm_head`), once for all agents. Patch the base once per temperature and let its
     forward pick the one of the agent whose view is active (the trainer's `temperature`)."""
@@ -335,3 +344,28 @@ def load_entropy_states(views: list[dict[str, Any]], checkpoint_dir: str) -> Non
         raise ValueError(f"{path} holds {len(states)} agents' entropy state; this team has {len(views)} agents.")
     for view, state in zip(views, states):
         view["entropy_coef"], view["_last_world_entropy"] = state["entropy_coef"], state["last_world_entropy"]
+
+
+def merge_agent_metrics(views: list[dict[str, Any]], metrics: dict[str, list], mode: str, prefixes: list[str]) -> None:
+    """Move what TRL recorded in each agent's view (`_metrics[mode]`) into the team's `metrics`, under the agent's
+    prefix (`agent_{i}/`, or none for a team of one)."""
+    for view, prefix in zip(views, prefixes, strict=True):
+        for key, values in view["_metrics"][mode].items():
+            if key == "num_tokens":  # TRL's counter is the trainer's, shared by all agents: log it once
+                metrics[key] = values
+            elif prefix or key not in metrics:  # a team of one: the joint values are the agent's
+                metrics[prefix + key].extend(values)
+        view["_metrics"][mode].clear()
+
+
+@contextlib.contextmanager
+def swapped(obj: Any, **attributes) -> Iterator[None]:
+    """Inside the block, `obj`'s `attributes` hold the given values; their own values come back after it."""
+    saved = {name: getattr(obj, name) for name in attributes}
+    for name, value in attributes.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(obj, name, value)

@@ -30,7 +30,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from trl.chat_template_utils import (
@@ -43,10 +43,18 @@ from trl.trainer.utils import shutdown_event_loop_in_daemon, start_event_loop_in
 
 from ..rewards.joint import bind_reward
 
-if TYPE_CHECKING:
-    from ..trainer import MultiAgentGRPOTrainer
-
 logger = logging.getLogger(__name__)
+
+# The trainer's attributes that `TeamTools.install` may replace: TRL's event loop, and the reward functions.
+TOOL_HOST_STATE = (
+    "async_loop",
+    "async_loop_thread",
+    "async_loop_ready_event",
+    "reward_funcs",
+    "reward_func_names",
+    "reward_processing_classes",
+    "reward_weights",
+)
 
 # TRL's tool and environment attributes, each agent's own in a team (`agent_state.PER_AGENT` includes them).
 TOOL_STATE: dict[str, str] = {
@@ -231,17 +239,18 @@ class TeamTools:
 
     # ------------------------------------------------------------------ construction
 
-    def install(self, trainer: MultiAgentGRPOTrainer) -> None:
-        """Fill every agent's view with its `TOOL_STATE` (TRL's values for a team of one), prepare each tool-using
-        agent's tokenizer for TRL's parser, and add the environments' rewards to the reward functions."""
-        views = trainer._agent_views
-        for name in TOOL_STATE:  # TRL sets some only per batch; the agent view swaps them all
-            if not hasattr(trainer, name):
-                setattr(trainer, name, None)
+    def install(self, views: list[dict[str, Any]], state: dict[str, Any], args) -> dict[str, Any]:
+        """Fill every agent's view with its `TOOL_STATE` (for a team of one, the values TRL set up), and prepare each
+        tool-using agent's tokenizer for TRL's parser. `state` holds the trainer's `TOOL_STATE` and `TOOL_HOST_STATE`
+        values; returns the trainer's new values of them (every `TOOL_STATE` attribute exists, `None` where TRL sets it
+        only per batch; TRL's event loop for async tools; the environments' rewards as one more reward function).
+        With tools, several agents generate one at a time (`args.generation_mode`)."""
+        updates = {name: state.get(name) for name in TOOL_STATE}
         if self.trl_owned:
             for name in TOOL_STATE:
-                views[0][name] = getattr(trainer, name, None)
-            return
+                views[0][name] = state.get(name)
+            return updates
+        num_agents = len(views)
         if self.shared is not None:
             self.shared_probe = self.shared()
             self.shared_pool = [self.shared_probe]
@@ -275,26 +284,37 @@ class TeamTools:
             )
             if agent_tools:
                 view["chat_template"] = _prepare_tokenizer(view["processing_class"], i)
-        if any(inspect.iscoroutinefunction(t) for tools in self.tools for t in tools) or any(
+        asynchronous = any(inspect.iscoroutinefunction(t) for tools in self.tools for t in tools) or any(
             inspect.iscoroutinefunction(m) for view in views for m in view["tools"]
-        ):
-            _ensure_event_loop(trainer)
+        )
+        if asynchronous and state.get("async_loop") is None:
+            updates.update(zip(("async_loop_thread", "async_loop", "async_loop_ready_event"), event_loop()))
         if env_rewards:
-            _add_environment_reward(trainer, self.shared is not None, env_rewards)
-        if self.uses_tools and trainer.args.generation_mode == "batched" and trainer.num_agents > 1:
+            reward = _environment_reward(self.shared is not None, env_rewards, num_agents)
+            weights = state["reward_weights"]
+            updates.update(
+                reward_funcs=[*state["reward_funcs"], reward],
+                reward_func_names=[*state["reward_func_names"], reward.__name__],
+                reward_processing_classes=[*state["reward_processing_classes"], None],
+                reward_weights=torch.cat([weights, torch.ones(1, dtype=weights.dtype)]),
+            )
+        if self.uses_tools and num_agents > 1 and args.generation_mode == "batched":
             # TRL's tool loop generates again after each tool result, one agent's rows at a time.
             logger.warning("With tools, the agents generate one at a time (`generation_mode='per_agent'`).")
-            trainer.args.generation_mode = "per_agent"
+            args.generation_mode = "per_agent"
+        return updates
 
     # ------------------------------------------------------------------ each batch
 
-    def begin_batch(self, trainer: MultiAgentGRPOTrainer, inputs: list[dict], agent_inputs: list[list[dict]]):
-        """Draw and reset each rollout's environments and build its tool dicts, as TRL does at the top of
-        `_generate_and_score_completions` (which a team runs after generating). Returns the agents' rows, with each
-        environment's `reset` observation appended to its agent's prompt."""
-        views = trainer._agent_views
+    def begin_batch(
+        self, views: list[dict[str, Any]], inputs: list[dict], agent_inputs: list[list[dict]]
+    ) -> tuple[list[list[dict]], list | None]:
+        """Draw and reset each rollout's environments and build its tool dicts in the agents' `views`, as TRL does at
+        the top of `_generate_and_score_completions` (which a team runs after generating). Returns the agents' rows,
+        with each environment's `reset` observation appended to its agent's prompt, and what reward functions get as
+        `environments=` (`None`: nothing new)."""
         if not any(view["tools"] or view["environment_factories"] for view in views):
-            return agent_inputs
+            return agent_inputs, None
         shared_envs = self._draw_shared(inputs) if self.shared is not None else None
         observations = None
         if shared_envs is not None:  # reset once per joint trajectory, whatever the number of agents
@@ -323,17 +343,16 @@ class TeamTools:
                     observation = environments[k].reset(**reset_row)
                 if observation is not None:
                     agent_inputs[i][k] = {**row, "prompt": _with_observation(row["prompt"], observation)}
-        _publish_environments(trainer, shared_envs, len(inputs))
-        return agent_inputs
+        return agent_inputs, _published_environments(views, shared_envs, len(inputs))
 
-    def begin_turn(self, trainer: MultiAgentGRPOTrainer, sources: list[list[int]], branch: bool) -> None:
+    def begin_turn(self, views: list[dict[str, Any]], sources: list[list[int]], branch: bool) -> list | None:
         """Before a later turn of a multi-turn rollout: agent i's row k continues the environment of the previous
         turn's row `sources[i][k]`. Where a node branches into several rows (`branch`: a tree, whose siblings act on
         their own), each row gets its own deep copy of that environment, so no two rows share one state; a linear
-        trajectory carries its environment on. Each row's tool dicts are bound to its environment."""
-        views = trainer._agent_views
+        trajectory carries its environment on. Each row's tool dicts are bound to its environment. Returns what reward
+        functions get as `environments=` (`None`: nothing new)."""
         if not any(view["tools"] or view["environment_factories"] for view in views):
-            return
+            return None
 
         def follow(environments: list | None, rows: list[int]) -> list | None:
             if environments is None:
@@ -345,7 +364,7 @@ class TeamTools:
             except Exception as err:
                 name = type(environments[rows[0]]).__name__
                 raise TypeError(
-                    f"A tree rollout gives each of a node's {trainer.args.num_generations} samples its own copy of "
+                    "A tree rollout gives each of a node's samples its own copy of "
                     f"the environment it continues, but `copy.deepcopy` failed on {name}: make it deep-copyable, or "
                     "use `rollout='linear'` (each trajectory keeps its environment)."
                 ) from err
@@ -357,7 +376,7 @@ class TeamTools:
             if environments is not None:
                 view["_batch_environments"] = [None] * len(sources[i])
             _bind_tools(view, i, environments, len(sources[i]))
-        _publish_environments(trainer, shared_envs, len(sources[0]))
+        return _published_environments(views, shared_envs, len(sources[0]))
 
     def _draw_shared(self, inputs: list[dict]) -> list:
         while len(self.shared_pool) < len(inputs):
@@ -380,16 +399,16 @@ def _bind_tools(view: dict, agent: int, environments: list | None, rows: int) ->
         view["_async_tool_dicts"].append(asynchronous)
 
 
-def _publish_environments(trainer: MultiAgentGRPOTrainer, shared_envs: list | None, rows: int) -> None:
+def _published_environments(views: list[dict[str, Any]], shared_envs: list | None, rows: int) -> list | None:
     """What reward functions get as `environments=` (and an environment's `get_reward` reads): the shared
     environments, the agent's own (a team of one), or per joint sample the tuple of the agents' environments."""
-    views = trainer._agent_views
     if shared_envs is not None:
-        trainer.environments = shared_envs
-    elif trainer.num_agents == 1:
-        trainer.environments = views[0]["environments"]
-    elif any(view["environments"] is not None for view in views):
-        trainer.environments = list(zip(*[view["environments"] or [None] * rows for view in views]))
+        return shared_envs
+    if len(views) == 1:
+        return views[0]["environments"]
+    if any(view["environments"] is not None for view in views):
+        return list(zip(*[view["environments"] or [None] * rows for view in views]))
+    return None
 
 
 def _draw(view: dict, rows: list[dict]) -> list:
@@ -452,20 +471,18 @@ def _prepare_tokenizer(processing_class, agent: int) -> str | None:
     return get_training_chat_template(processing_class)
 
 
-def _ensure_event_loop(trainer: MultiAgentGRPOTrainer) -> None:
-    """Async tools run on TRL's daemon event loop; start it if no async reward function did."""
-    if getattr(trainer, "async_loop", None) is not None:
-        return
-    trainer.async_loop_thread, trainer.async_loop, trainer.async_loop_ready_event = start_event_loop_in_daemon(
-        name="MultiAgentGRPOTrainer-AsyncLoop"
-    )
-    trainer.async_loop_ready_event.wait()
-    atexit.register(shutdown_event_loop_in_daemon, trainer.async_loop_thread, trainer.async_loop)
+def event_loop() -> tuple:
+    """TRL's daemon event loop for async tools, started (`(thread, loop, ready_event)`, TRL's three attributes), for a
+    trainer that has none from async reward functions."""
+    thread, loop, ready = start_event_loop_in_daemon(name="MultiAgentGRPOTrainer-AsyncLoop")
+    ready.wait()
+    atexit.register(shutdown_event_loop_in_daemon, thread, loop)
+    return thread, loop, ready
 
 
-def _add_environment_reward(trainer: MultiAgentGRPOTrainer, shared: bool, names: list[str]) -> None:
-    """Add the environments' `get_reward` as one reward source (weight 1, as in TRL): the shared environment's joint
-    reward, or each agent's environment's reward for that agent (`None` for an agent without one)."""
+def _environment_reward(shared: bool, names: list[str], num_agents: int) -> Callable:
+    """The environments' `get_reward` as one joint reward function (weight 1, as in TRL): the shared environment's
+    joint reward, or each agent's environment's reward for that agent (`None` for an agent without one)."""
 
     def environment_reward(prompts, completions, environments, **kwargs):
         if shared:
@@ -476,15 +493,12 @@ def _add_environment_reward(trainer: MultiAgentGRPOTrainer, shared: bool, names:
         ]
 
     environment_reward.__name__ = "_".join(dict.fromkeys(names))
-    trainer.reward_funcs.append(bind_reward(environment_reward, trainer.num_agents))
-    trainer.reward_func_names.append(environment_reward.__name__)
-    trainer.reward_processing_classes.append(None)
-    trainer.reward_weights = torch.cat([trainer.reward_weights, torch.ones(1, dtype=trainer.reward_weights.dtype)])
+    return bind_reward(environment_reward, num_agents)
 
 
-def agent_tool_names(trainer: MultiAgentGRPOTrainer) -> list[list[str]]:
+def agent_tool_names(views: list[dict[str, Any]]) -> list[list[str]]:
     """The names of each agent's tools, e.g. for a log line."""
-    return [[t.__name__ for t in view["tools"]] for view in trainer._agent_views]
+    return [[t.__name__ for t in view["tools"]] for view in views]
 
 
 __all__: Sequence[str] = ("TeamTools", "TOOL_STATE", "REPLAY_STATE", "SharedEnvironment", "shared_environment")

@@ -94,6 +94,22 @@ class AgentSampling:
     greedy: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # more `SamplingParams` fields (`generation_kwargs`)
 
+    @classmethod
+    def from_view(cls, view: dict[str, Any], extra: dict[str, Any] | None = None) -> AgentSampling:
+        """An agent's sampling settings read from its view (`team.views`: its per-agent settings, and its generation
+        config, greedy in an evaluation with `eval_do_sample=False`); `extra`: its `generation_kwargs`."""
+        return cls(
+            max_tokens=view["max_completion_length"],
+            temperature=view["temperature"],
+            top_p=view["top_p"],
+            top_k=view["top_k"],
+            min_p=view["min_p"],
+            repetition_penalty=view["repetition_penalty"],
+            stop_token_ids=list(view["eos_token_ids"]),
+            greedy=not view["generation_config"].do_sample,
+            extra=dict(extra or {}),
+        )
+
     def to_vllm(self, seed: int | None = None):
         from vllm import SamplingParams
 
