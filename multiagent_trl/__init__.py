@@ -1,5 +1,7 @@
 """multiagent_trl: train N cooperating language-model agents with GRPO on one joint reward (MAGRPO), on TRL."""
 
+from .actor_critic import ActorCriticConfig, ActorCriticTrainer
+from .comlrl.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .comlrl.reinforce import (
     MAGRPOConfig,
     MAGRPOTrainer,
@@ -20,8 +22,14 @@ from .trainer import MultiAgentGRPOTrainer
 __version__ = "0.1.0"
 
 __all__ = [
+    "ActorCriticConfig",
+    "ActorCriticTrainer",
     "AgentTeam",
     "ExecutionResult",
+    "IACConfig",
+    "IACTrainer",
+    "MAACConfig",
+    "MAACTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",

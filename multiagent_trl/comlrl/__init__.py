@@ -1,5 +1,7 @@
-"""CoMLRL's names, arguments and defaults, translated onto the core trainers (see `reinforce`)."""
+"""CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`) and
+the actor-critic family (`actor_critic`)."""
 
+from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .reinforce import (
     COMLRL_TWINS,
     MAGRPOConfig,
@@ -14,6 +16,10 @@ from .reinforce import (
 
 __all__ = [
     "COMLRL_TWINS",
+    "IACConfig",
+    "IACTrainer",
+    "MAACConfig",
+    "MAACTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",

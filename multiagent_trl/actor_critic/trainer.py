@@ -1,0 +1,703 @@
+"""`ActorCriticTrainer`: the team trainer with a learned critic in place of GRPO's group baseline (IAC and MAAC).
+
+How one generation batch flows:
+
+1. The team core plays the batch: every agent generates, the joint reward scores each joint sample, and TRL's own
+   scoring runs per agent (`MultiAgentGRPOTrainer._score_agents`).
+2. `_score_agents` (here) then replaces each agent's advantages: the critic's value V_old of every row is computed
+   once, without gradient, on the rollout; the target y is the reward the row is credited with; the advantage is
+   `y - V_old`, standardized over the agent's rows of the whole generation batch (`estimators.advantages`). The
+   values and targets are stored in the batch under the agent's `agent_{i}/` prefix, so that they travel with their
+   rows through TRL's shuffling and splitting into optimizer steps.
+3. `_compute_loss` runs the core's loss (each agent's TRL GRPO loss, on these advantages), then each critic's value
+   loss `value_loss_coef * mean((y - v)^2)` (`estimators.value_loss`); one backward per forward, as the core does.
+
+The critics live inside the team, the one module that Trainer and Accelerate see (`CriticRouting`): one
+`prepare` (DDP, devices), one state dict, one optimizer, with a parameter group per critic at
+`critic_learning_rate` (AdamW's state is per parameter, so this equals a separate optimizer per critic) and each
+critic's gradients clipped on their own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from peft import PeftConfig, PeftModel
+from torch import nn
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+from ..trainer import MultiAgentGRPOTrainer
+from .config import ActorCriticConfig
+from .estimators import advantages, joint_critic_text, value_loss, value_positions, values_at
+from .value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHead
+
+# Keys `_score_agents` adds to each agent's part of the batch; `_compute_loss` takes them out before TRL's loss.
+CRITIC_KEYS = ("old_values", "value_targets", "critic_positions", "critic_input_ids", "critic_attention_mask")
+CRITIC_FOLDER = "critic"
+
+
+class CriticRouting:
+    """Mixed into the team's class by `attach_critics`: the team also holds `critics`, and inside
+    `team.use_critic(k)` its `forward` returns critic k's values `(B, T)` instead of running the active agent.
+
+    Routing through the team's `forward` keeps a critic's forward inside the module Accelerate wrapped, so that DDP
+    sees it (a forward of a submodule outside the wrapper would leave DDP's reducer waiting for its gradients).
+    """
+
+    critic_index: int | None = None
+
+    @contextmanager
+    def use_critic(self, index: int) -> Iterator[None]:
+        """Make critic `index` the one `forward` runs, for the duration of the block."""
+        if not 0 <= index < len(self.critics):
+            raise IndexError(f"Critic index {index} is out of range for {len(self.critics)} critics.")
+        previous, self.critic_index = self.critic_index, index
+        try:
+            yield
+        finally:
+            self.critic_index = previous
+
+    def forward(self, *args, **kwargs):
+        if self.critic_index is None:
+            return super().forward(*args, **kwargs)
+        critic = self.critics[self.critic_index]
+        device = critic.value_head.value_projection.weight.device
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        return critic.values(*[a.to(device) for a in args], **moved)
+
+
+_ROUTED_CLASSES: dict[type, type] = {}
+
+
+def attach_critics(team: nn.Module, critics: Sequence[nn.Module]) -> nn.Module:
+    """Register `critics` in `team` (as `team.critics`) and let its `forward` route to them (`CriticRouting`).
+
+    The team's class is swapped for a subclass with the routing mixed in, so that everything the core does with the
+    team (agents, adapters, saving, generation) is unchanged.
+    """
+    cls = type(team)
+    if not issubclass(cls, CriticRouting):
+        if cls not in _ROUTED_CLASSES:
+            _ROUTED_CLASSES[cls] = type(f"{cls.__name__}WithCritics", (CriticRouting, cls), {})
+        team.__class__ = _ROUTED_CLASSES[cls]
+    team.critics = nn.ModuleList(critics)
+    return team
+
+
+def held_backbone(critic: CausalLMWithValueHead) -> CausalLMWithValueHead:
+    """`critic` with its LM held but not registered: a value head on an agent's own model, whose backbone belongs to
+    the team's agent (registered twice, it would appear twice in every state dict and checkpoint)."""
+    model = critic._modules.pop("model")
+    critic.__dict__["model"] = model
+    return critic
+
+
+class ActorCriticTrainer(MultiAgentGRPOTrainer):
+    """Train N agents with a learned critic as baseline: independent critics (IAC) or one joint critic (MAAC).
+
+    Takes every `MultiAgentGRPOTrainer` argument; `args` is an `ActorCriticConfig`. What differs, and why:
+
+    - `__init__`: builds the critics (`args.critic_kind`: separate models, value heads on the agents, or LoRA adapters
+      on the team's base) and registers them in the team module (`attach_critics`).
+    - `_score_agents`: replaces GRPO's group-relative advantages with `y - V_old` (see the module docstring).
+    - `_compute_loss`: adds each critic's value loss to the agents' GRPO losses; logs `agent_{i}/value_loss`.
+    - `create_optimizer`, `_clip_grad_norm`: a parameter group per critic at `critic_learning_rate`; per-critic
+      clipping, logged as `agent_{i}/critic_grad_norm` (`critic/grad_norm` for a joint critic).
+    - `_save`, `_load_from_checkpoint`: critics saved beside the agents: `agent_{i}/critic/` (IAC) or `critic/` (a
+      joint critic), a model folder (or an adapter folder) plus `value_head.pt`; a value head on the agent as
+      `agent_{i}/value_head.pt`.
+
+    Args:
+        model, reward_funcs, args, train_dataset, eval_dataset, processing_class, callbacks, optimizers, peft_config:
+            As in `MultiAgentGRPOTrainer`.
+        critic_model (`str`, `PreTrainedModel`, `CausalLMWithValueHead`, or a list of them, *optional*):
+            With `critic_kind="model"`: the critics' starting models, one for all (an id or path, loaded once per
+            critic) or one per critic (per agent, or one for a joint critic). A model without a value head gets a
+            new one (a `value_head.pt` in its folder is loaded). `None`: each agent's own starting model (its id or
+            path). An IAC critic reads its agent's token ids, so it must share the agent's tokenizer.
+        critic_processing_class (tokenizer, or one per critic, *optional*):
+            The critics' tokenizers: a joint critic tokenizes its text with it; an IAC critic's is only compared with
+            its agent's. `None`: loaded from the critic's id or path (for a joint critic given as a model without one,
+            agent 0's).
+        critic_peft_config (`PeftConfig`, *optional*):
+            With `critic_kind="adapter"`: the critic adapters' LoRA config; `None` uses the agents' (`peft_config`).
+        **kwargs:
+            Other `MultiAgentGRPOTrainer` arguments (`reward_processor`, `formatters`, ...).
+
+    Example:
+
+    ```python
+    from datasets import Dataset
+    from multiagent_trl.actor_critic.config import ActorCriticConfig
+    from multiagent_trl.actor_critic.trainer import ActorCriticTrainer
+    from multiagent_trl.testing import tiny_model_path
+
+    def ratio_reward(completions1, completions2):
+        return [min(len(b) / max(len(a), 1), 3.0) for a, b in zip(completions1, completions2)]
+
+    trainer = ActorCriticTrainer(
+        model=tiny_model_path(),
+        reward_funcs=ratio_reward,
+        args=ActorCriticConfig(output_dir="out", num_agents=2, num_generations=1, max_steps=10),
+        train_dataset=Dataset.from_dict({"prompt": ["Tell a story:"] * 8}),
+    )
+    trainer.train()
+    trainer.save_model("out/final")  # out/final/agent_0/ (+ critic/), out/final/agent_1/ (+ critic/)
+    ```
+    """
+
+    _tag_names = ["trl", "multiagent-trl", "actor-critic"]
+    _name = "ActorCritic"
+    # Set (to 1.0, CoMLRL's) to score the agents' log-probabilities at this temperature instead of the sampling one.
+    logprob_temperature: float | None = None
+    # True: every optimizer step's policy gradient is taken at the current weights with no importance ratio to the
+    # rollout policy (CoMLRL's one-pass policy gradient), even when a generation batch spans several steps.
+    reinforce_each_step = False
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel | Sequence[str | PreTrainedModel] | None = None,
+        reward_funcs: Callable | Sequence[Callable] | None = None,
+        args: ActorCriticConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
+        callbacks=None,
+        optimizers=(None, None),
+        peft_config: PeftConfig | Sequence[PeftConfig] | None = None,
+        *,
+        critic_model: Any = None,
+        critic_processing_class: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
+        critic_peft_config: PeftConfig | None = None,
+        **kwargs,
+    ):
+        if args is None:
+            args = ActorCriticConfig(output_dir="actor-critic-output")
+        elif not isinstance(args, ActorCriticConfig):
+            raise TypeError(
+                f"`args` is a {type(args).__name__}; ActorCriticTrainer needs an ActorCriticConfig, which takes every "
+                "MultiAgentGRPOConfig field and the critic's."
+            )
+        if args.num_turns > 1:
+            raise NotImplementedError(
+                f"`num_turns={args.num_turns}`: multi-turn actor-critic training (TD targets over turns) is not "
+                "implemented yet. Set `num_turns=1`, or train multi-turn episodes with MultiAgentGRPOTrainer."
+            )
+        if critic_model is not None and args.critic_kind != "model":
+            raise ValueError(
+                f"`critic_model=` gives separate critic models, but `critic_kind={args.critic_kind!r}` builds the "
+                "critics on the agents: drop `critic_model`, or set `critic_kind='model'`."
+            )
+        if critic_peft_config is not None and args.critic_kind != "adapter":
+            raise ValueError("`critic_peft_config=` configures critic adapters: it needs `critic_kind='adapter'`.")
+        if args.ddp_find_unused_parameters is None:
+            # Each actor's and each critic's forward and backward leave the others' parameters unused.
+            args.ddp_find_unused_parameters = True
+        super().__init__(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            peft_config=peft_config,
+            **kwargs,
+        )
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            raise NotImplementedError(
+                "Actor-critic training under DeepSpeed or FSDP is not supported yet (the critics' clipping and saving "
+                "assume unsharded parameters): use DDP (`accelerate launch --multi_gpu`) or one process."
+            )
+        self.critic_tokenizers: list[PreTrainedTokenizerBase | None] = []
+        critics = self._build_critics(model, critic_model, critic_processing_class, critic_peft_config or peft_config)
+        if args.disable_dropout:
+            for critic in critics:
+                disable_dropout_in_model(critic)
+        attach_critics(self.model, critics)
+        if self.logprob_temperature is not None:
+            self._score_at_temperature(self.logprob_temperature)
+
+    def _score_at_temperature(self, temperature: float) -> None:
+        """Score the agents' log-probabilities at `temperature` instead of the sampling temperature.
+
+        TRL computes them in each model's patched forward (`add_fused_lm_head`), whose temperature is fixed when it
+        is patched: patch the agents' models again. The new patch passes every other call on to the previous one, so
+        generation (whose temperature is the generation config's) is unchanged.
+        """
+        for model in self.model.models():
+            base = model.get_base_model() if isinstance(model, PeftModel) else model
+            add_fused_lm_head(
+                base,
+                temperature=temperature,
+                cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
+                outputs=("log_probs", "entropy"),
+            )
+
+    # ------------------------------------------------------------------ the critics
+
+    @property
+    def critics(self) -> list[nn.Module]:
+        """The critics: one per agent, or one joint critic. Each answers `values(input_ids, attention_mask)`."""
+        return list(self.model.critics)
+
+    @property
+    def num_critics(self) -> int:
+        return len(self.model.critics)
+
+    def critic_parameters(self, index: int) -> list[nn.Parameter]:
+        """The parameters critic `index` owns, which its optimizer groups hold: a separate critic's model and head,
+        an adapter critic's adapter and head, or only the head of a value head on an agent (the agent's weights are
+        the agent's, in its own group, though the value loss reaches them too)."""
+        critic = self.model.critics[index]
+        if isinstance(critic, AdapterValueModel) and self.args.critic_kind == "adapter":
+            return critic.trainable_parameters()
+        if self.args.critic_kind == "head":
+            return list(critic.value_head.parameters())
+        return list(critic.parameters())
+
+    def _build_critics(self, model, critic_model, critic_processing_class, peft_config) -> list[nn.Module]:
+        args, team = self.args, self.model
+        count = 1 if args.joint_critic else self.num_agents
+        tokenizers = _per_critic("critic_processing_class", critic_processing_class, count)
+        hidden = args.critic_value_head_hidden_dim
+        shared_base = hasattr(team, "peft_model") and hasattr(team, "adapter_names")  # a LoRA team
+        critics: list[nn.Module] = []
+        if args.critic_kind == "head":
+            for i in range(count):
+                if shared_base:
+                    critics.append(AdapterValueModel(team.peft_model, team.adapter_names[i], hidden))
+                else:
+                    critics.append(held_backbone(CausalLMWithValueHead(team.agents[i], hidden)))
+                self.critic_tokenizers.append(self._agent_views[i]["processing_class"])
+            return critics
+        if args.critic_kind == "adapter":
+            if not shared_base:
+                raise ValueError(
+                    "`critic_kind='adapter'` puts each critic as a LoRA adapter on the team's shared base: it needs a "
+                    "LoRA team (one model id, path or model with `peft_config=`), or use `critic_kind='model'`."
+                )
+            config = peft_config[0] if isinstance(peft_config, (list, tuple)) else peft_config
+            config = config or team.peft_model.peft_config[team.adapter_names[0]]
+            for k in range(count):
+                name = CRITIC_FOLDER if args.joint_critic else f"{CRITIC_FOLDER}_{k}"
+                team.peft_model.add_adapter(name, config)
+                critics.append(AdapterValueModel(team.peft_model, name, hidden))
+                tokenizer = (
+                    tokenizers[k]
+                    if tokenizers
+                    else self._agent_views[0 if args.joint_critic else k]["processing_class"]
+                )
+                self.critic_tokenizers.append(tokenizer)
+            return critics
+
+        sources = _critic_sources(model, critic_model, self.num_agents, count)
+        load_kwargs = _load_kwargs(args.model_init_kwargs)
+        for k, source in enumerate(sources):
+            if isinstance(source, CausalLMWithValueHead):
+                critic = source
+                if critic.value_head is None:
+                    raise ValueError(f"Critic {k} is a CausalLMWithValueHead without a value head: build it with one.")
+            elif isinstance(source, (PreTrainedModel, PeftModel)):
+                critic = CausalLMWithValueHead(source, hidden)
+            else:
+                critic = CausalLMWithValueHead.from_pretrained(
+                    str(source), value_head_hidden_dim=hidden, attach_value_head=True, **load_kwargs
+                )
+            critic.to(_device_of(team.peft_model if shared_base else team.agents[0 if args.joint_critic else k]))
+            tokenizer = tokenizers[k] if tokenizers else _tokenizer_of(source)
+            if args.joint_critic:
+                tokenizer = tokenizer or self._agent_views[0]["processing_class"]
+                if tokenizer.pad_token is None:
+                    tokenizer.pad_token = tokenizer.eos_token
+            else:
+                self._check_critic_tokenizer(k, source, tokenizer, critic)
+            self.critic_tokenizers.append(tokenizer)
+            critics.append(critic)
+        if args.joint_critic:
+            self._check_joint_critic_length(critics[0])
+        if len({id(c) for c in critics}) != len(critics):
+            raise ValueError("`critic_model` lists the same model object for several critics: give each its own.")
+        return critics
+
+    def _check_critic_tokenizer(self, k: int, source, tokenizer, critic: CausalLMWithValueHead) -> None:
+        """An IAC critic reads its agent's token ids: it must share the agent's vocabulary."""
+        agent_tokenizer = self._agent_views[k]["processing_class"]
+        agent_tokenizer = getattr(agent_tokenizer, "tokenizer", agent_tokenizer)  # a processor's tokenizer
+        name = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
+        if tokenizer is not None and tokenizer.get_vocab() != agent_tokenizer.get_vocab():
+            raise ValueError(
+                f"Critic {k} ({name}) has another tokenizer than agent {k}, but it reads agent {k}'s token ids (an "
+                "independent critic scores the agent's own tokens). Use a critic of the agent's model family (the "
+                "same tokenizer), or `joint_critic=True`, whose critic reads text with its own tokenizer."
+            )
+        embeddings = critic.model.get_input_embeddings().num_embeddings
+        if embeddings < len(agent_tokenizer):
+            raise ValueError(
+                f"Critic {k} ({name}) embeds {embeddings} tokens, fewer than agent {k}'s tokenizer has "
+                f"({len(agent_tokenizer)}): it cannot read the agent's token ids. Use a critic of the agent's family."
+            )
+
+    def _check_joint_critic_length(self, critic: nn.Module) -> None:
+        """A Q joint critic reads every agent's completion: refuse one whose context cannot hold them all."""
+        limit = _max_length(critic, self.critic_tokenizers[0])
+        if limit is None or self.args.critic_type != "q":
+            return
+        needed = sum(self.args.agent_setting("max_completion_length", i) or 0 for i in range(self.num_agents))
+        if needed >= limit:
+            raise ValueError(
+                f"The joint critic reads up to {limit} tokens, but its text holds every agent's completion (up to "
+                f"{needed} tokens together, before the prompts). Use a critic with a longer context, lower "
+                "`max_completion_length`, or `critic_type='v'` (prompts only)."
+            )
+
+    # ------------------------------------------------------------------ advantages
+
+    def _score_agents(self, agent_inputs, rollouts, credited, names, weights) -> list[dict[str, Any]]:
+        outputs = super()._score_agents(agent_inputs, rollouts, credited, names, weights)
+        mode = "train" if self.model.training else "eval"
+        device = self.accelerator.device
+        rows = outputs[0]["completion_ids"].shape[0]
+        start = self.accelerator.process_index * rows
+        if self.args.joint_critic:
+            ids, mask, positions = self._joint_critic_inputs(agent_inputs, rollouts)
+            old = self._rollout_values(0, ids, mask, positions)
+            outputs[0].update(critic_input_ids=ids, critic_attention_mask=mask, critic_positions=positions)
+        for i, output in enumerate(outputs):
+            if not self.args.joint_critic:
+                ids, mask, positions = self._agent_critic_inputs(output)
+                old = self._rollout_values(i, ids, mask, positions)
+                output["critic_positions"] = positions
+            target_all = _weighted_sum(credited[i].to(device), weights.to(device))  # (rows of every process,)
+            old_all = self.accelerator.gather(old)
+            advantage = advantages(target_all, old_all, normalize=self.args.advantage_normalization)
+            output["advantages"] = advantage[start : start + rows].to(device)
+            output["old_values"] = old
+            output["value_targets"] = target_all[start : start + rows].float()
+            prefix = self.agent_metric_prefix(i)
+            self._metrics[mode][f"{prefix}value_mean"].append(old_all.float().mean().item())
+            self._metrics[mode][f"{prefix}value_target_mean"].append(torch.nanmean(target_all.float()).item())
+        return outputs
+
+    def _agent_critic_inputs(self, output: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """An agent's rows as its critic reads them: prompt then completion ids, mask, and the value's position."""
+        prompt_ids, prompt_mask = output["prompt_ids"], output["prompt_mask"]
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        prompt_lengths = torch.full_like(completion_ids[:, 0], prompt_ids.shape[1])  # left-padded prompts
+        positions = value_positions(self.args.critic_type, prompt_lengths, completion_mask.sum(dim=1).long())
+        return torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1), positions
+
+    def _joint_critic_inputs(self, agent_inputs, rollouts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The joint critic's text of every joint sample (row k of every agent), tokenized with its tokenizer:
+        right-padded ids and mask, and the position of each text's last token."""
+        tokenizer = self.critic_tokenizers[0]
+        texts = []
+        for k in range(len(agent_inputs[0])):
+            prompts = [_as_text(rows[k]["prompt"], tokenizer, prompt=True) for rows in agent_inputs]
+            completions = None
+            if self.args.critic_type == "q":
+                completions = [_as_text(rollout.completions[k], tokenizer) for rollout in rollouts]
+            texts.append(joint_critic_text(prompts, completions))
+        encoded = [tokenizer(text)["input_ids"] for text in texts]
+        limit = _max_length(self.model.critics[0], tokenizer)
+        longest = max(len(ids) for ids in encoded)
+        if limit is not None and longest > limit:
+            raise ValueError(
+                f"A joint critic text is {longest} tokens long, more than the critic reads ({limit}). Use a critic "
+                "with a longer context, shorter prompts or `max_completion_length`, or `critic_type='v'`."
+            )
+        device = self.accelerator.device
+        ids = torch.full((len(encoded), longest), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(encoded), longest), dtype=torch.long)
+        for k, row in enumerate(encoded):
+            ids[k, : len(row)], mask[k, : len(row)] = torch.tensor(row), 1
+        positions = torch.tensor([len(row) - 1 for row in encoded])
+        return ids.to(device), mask.to(device), positions.to(device)
+
+    @torch.no_grad()
+    def _rollout_values(self, index: int, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
+        """V_old: critic `index`'s values of the rows at `positions`, without gradient, float32 `(rows,)`."""
+        critic = self.model.critics[index]
+        step = max(self.args.per_device_train_batch_size, 1)
+        values = []
+        for s in range(0, ids.shape[0], step):
+            device = critic.value_head.value_projection.weight.device
+            per_position = critic.values(ids[s : s + step].to(device), mask[s : s + step].to(device))
+            values.append(values_at(per_position, positions[s : s + step].to(device)).float())
+        return torch.cat(values).to(self.accelerator.device)
+
+    # ------------------------------------------------------------------ loss
+
+    def _compute_loss(self, model, inputs):
+        actor_inputs = {k: v for k, v in inputs.items() if k.split("/", 1)[-1] not in CRITIC_KEYS}
+        if self.reinforce_each_step:  # no ratio to the rollout policy: each step's gradient at the current weights
+            actor_inputs = {k: v for k, v in actor_inputs.items() if not k.endswith("/old_per_token_logps")}
+        loss = super()._compute_loss(model, actor_inputs)  # the agents' losses; the last one not backwarded yet
+        training = model.training and torch.is_grad_enabled()
+        mode = "train" if model.training else "eval"
+        parts = self._critic_parts(inputs)
+        if training:
+            # One backward per forward (DDP's reducer expects that): the last agent's, before the critics' forwards.
+            self.accelerator.backward(loss)
+            loss = loss.detach()
+        total = loss
+        for n, (k, ids, mask, positions, targets, old) in enumerate(parts):
+            with self.model.use_critic(k):
+                values = values_at(model(input_ids=ids, attention_mask=mask), positions).float()  # (B,)
+            losses = []
+            for i, target in targets:
+                scored = ~torch.isnan(target)
+                part = value_loss(
+                    values[scored],
+                    target[scored],
+                    old[scored],
+                    clip_range=self.args.value_clip_range,
+                    coef=self.args.value_loss_coef,
+                )
+                part = part if scored.any() else values.sum() * 0.0  # keeps the graph (DDP) with no scored row
+                losses.append(part)
+                logged = self.accelerator.gather(part.detach()[None]).mean().item()
+                self._metrics[mode][f"{self.agent_metric_prefix(i)}value_loss"].append(logged)
+            critic_loss = torch.stack(losses).mean()  # a joint critic: the mean of the agents' value losses
+            if mode == "train":
+                critic_loss = critic_loss / self.current_gradient_accumulation_steps
+            if training and n < len(parts) - 1:
+                self.accelerator.backward(critic_loss)
+                critic_loss = critic_loss.detach()
+            total = total + critic_loss
+        return total
+
+    def _critic_parts(self, inputs: dict) -> list[tuple]:
+        """Each critic's batch: `(critic, ids, mask, positions, [(agent, targets)], old values)`."""
+        if self.args.joint_critic:
+            targets = [(i, inputs[f"agent_{i}/value_targets"]) for i in range(self.num_agents)]
+            return [
+                (
+                    0,
+                    inputs["agent_0/critic_input_ids"],
+                    inputs["agent_0/critic_attention_mask"],
+                    inputs["agent_0/critic_positions"],
+                    targets,
+                    inputs["agent_0/old_values"],
+                )
+            ]
+        parts = []
+        for i in range(self.num_agents):
+            p = f"agent_{i}/"
+            ids = torch.cat([inputs[p + "prompt_ids"], inputs[p + "completion_ids"]], 1)
+            mask = torch.cat([inputs[p + "prompt_mask"], inputs[p + "completion_mask"]], 1)
+            targets = [(i, inputs[p + "value_targets"])]
+            parts.append((i, ids, mask, inputs[p + "critic_positions"], targets, inputs[p + "old_values"]))
+        return parts
+
+    # ------------------------------------------------------------------ optimization
+
+    def create_optimizer(self, model=None):
+        owned = [self.critic_parameters(k) for k in range(self.num_critics)]
+        if self.optimizer is not None:  # the user's (`optimizers=`): it must hold the critics
+            held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+            missing = [k for k, params in enumerate(owned) if any(id(p) not in held for p in params)]
+            if missing:
+                raise ValueError(
+                    f"The optimizer given in `optimizers=` does not hold critic {missing[0]}'s parameters "
+                    f"(`trainer.critic_parameters({missing[0]})`): add them, or let the trainer build the optimizer."
+                )
+            return super().create_optimizer(model)
+        # The core builds the agents' groups from the trainable parameters, each keyed by its agent: hide the
+        # critics' from it, then give each critic its own groups at the critics' learning rate.
+        flat = [p for params in owned for p in params]
+        for p in flat:
+            p.requires_grad_(False)
+        try:
+            optimizer = super().create_optimizer(model)
+        finally:
+            for p in flat:
+                p.requires_grad_(True)
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        decay = set(self.get_decay_parameter_names(self.model))
+        defaults = {k: v for k, v in optimizer.param_groups[0].items() if k not in ("params", "agent", "initial_lr")}
+        lr = self.args.critic_lr
+        for k, params in enumerate(owned):
+            with_decay = [p for p in params if names.get(id(p)) in decay]
+            without = [p for p in params if names.get(id(p)) not in decay]
+            for group, weight_decay in ((with_decay, self.args.weight_decay), (without, 0.0)):
+                if group:
+                    optimizer.add_param_group(
+                        {**defaults, "params": group, "weight_decay": weight_decay, "lr": lr, "initial_lr": lr}
+                        | {"critic": k}
+                    )
+        return optimizer
+
+    def _clip_grad_norm(self, model):
+        self.accelerator.unscale_gradients()
+        max_norm = self.args.max_grad_norm
+        norms = []
+        for i in range(self.num_agents):
+            norm = torch.nn.utils.clip_grad_norm_(self.model.agent_parameters(i), max_norm)
+            if self.num_agents > 1:
+                self._metrics["train"][f"agent_{i}/grad_norm"].append(norm.item())
+            norms.append(norm)
+        for k in range(self.num_critics):
+            norm = torch.nn.utils.clip_grad_norm_(self.critic_parameters(k), max_norm)
+            name = "critic/grad_norm" if self.args.joint_critic else f"{self.agent_metric_prefix(k)}critic_grad_norm"
+            self._metrics["train"][name].append(norm.item())
+            norms.append(norm.to(norms[0].device))
+        return torch.linalg.vector_norm(torch.stack(norms))  # the team's norm, logged as `grad_norm`
+
+    # ------------------------------------------------------------------ saving and loading
+
+    def critic_dir(self, output_dir: str, index: int) -> str:
+        """Where critic `index` is saved: `critic/` (a joint critic) or `agent_{index}/critic/`."""
+        if self.args.joint_critic:
+            return os.path.join(output_dir, CRITIC_FOLDER)
+        return os.path.join(output_dir, f"agent_{index}", CRITIC_FOLDER)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        super()._save(output_dir, state_dict)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if self.args.should_save:
+            for k in range(self.num_critics):
+                self.save_critic(k, output_dir)
+
+    def save_critic(self, index: int, output_dir: str) -> str:
+        """Save critic `index` under `output_dir` (see `critic_dir`); a value head on an agent goes to
+        `agent_{index}/value_head.pt`. Returns the file or folder written."""
+        critic = self.model.critics[index]
+        if self.args.critic_kind == "head":
+            path = os.path.join(output_dir, f"agent_{index}", VALUE_HEAD_FILE)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            torch.save({k: v.detach().cpu() for k, v in critic.value_head.state_dict().items()}, path)
+            return path
+        path = self.critic_dir(output_dir, index)
+        critic.save_pretrained(path)
+        tokenizer = self.critic_tokenizers[index]
+        if tokenizer is not None and self.args.critic_kind == "model":
+            tokenizer.save_pretrained(path)
+        return path
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        for k in range(self.num_critics):
+            self.load_critic(k, resume_from_checkpoint)
+
+    def load_critic(self, index: int, output_dir: str) -> None:
+        """Load critic `index`'s weights from what `save_critic` wrote under `output_dir` (resuming)."""
+        critic = self.model.critics[index]
+        if self.args.critic_kind == "head":
+            path = os.path.join(output_dir, f"agent_{index}", VALUE_HEAD_FILE)
+            critic.value_head.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        elif self.args.critic_kind == "adapter":
+            critic.load_pretrained(self.critic_dir(output_dir, index))
+        else:
+            dtype = next(critic.parameters()).dtype
+            loaded = CausalLMWithValueHead.from_pretrained(self.critic_dir(output_dir, index), dtype=dtype)
+            critic.load_state_dict(loaded.state_dict())
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+def _per_critic(name: str, value, count: int) -> list | None:
+    if value is None:
+        return None
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * count
+    if len(values) != count:
+        raise ValueError(f"`{name}` has {len(values)} entries for {count} critics: give one for all, or one each.")
+    return values
+
+
+def _critic_sources(model, critic_model, num_agents: int, count: int) -> list:
+    """Each critic's starting model: `critic_model` (one for all, or one per critic), else each agent's own id or
+    path (agent 0's for a joint critic)."""
+    if critic_model is None:
+        agents = list(model) if isinstance(model, (list, tuple)) else [model] * num_agents
+        sources = []
+        for agent in agents[:count]:
+            if isinstance(agent, (str, os.PathLike)):
+                sources.append(agent)
+                continue
+            config = getattr(agent, "config", None)
+            path = getattr(config, "_name_or_path", "") if config is not None else ""
+            if not path:
+                raise ValueError(
+                    "The critics start from the agents' models by default, but an agent was given as a model with no "
+                    "id or path to load a copy from: pass `critic_model=` (an id, a path or a model per critic)."
+                )
+            sources.append(path)
+        return sources
+    if isinstance(critic_model, (list, tuple)):
+        if len(critic_model) != count:
+            raise ValueError(
+                f"`critic_model` lists {len(critic_model)} models for {count} critics: give one for all, or one each."
+            )
+        return list(critic_model)
+    if isinstance(critic_model, nn.Module) and count > 1:
+        raise ValueError(
+            f"`critic_model` is one model object, but there are {count} critics: pass an id or path (loaded once per "
+            "critic) or a list of models."
+        )
+    return [critic_model] * count
+
+
+def _load_kwargs(model_init_kwargs: dict | None) -> dict:
+    kwargs = dict(model_init_kwargs or {})
+    dtype = kwargs.pop("torch_dtype", None) or kwargs.get("dtype")
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype)
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    kwargs.pop("device_map", None)  # the trainer places the critics
+    return kwargs
+
+
+def _tokenizer_of(source) -> PreTrainedTokenizerBase | None:
+    """The tokenizer saved with a critic's model, when it has an id or path (else `None`)."""
+    if isinstance(source, CausalLMWithValueHead):
+        source = source.model
+    if isinstance(source, nn.Module):
+        source = getattr(getattr(source, "config", None), "_name_or_path", None)
+    if not source:
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(str(source))
+    except (OSError, ValueError):
+        return None
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def _max_length(critic: nn.Module, tokenizer) -> int | None:
+    """The most tokens a critic reads: its model's position limit, or its tokenizer's if smaller."""
+    config = getattr(getattr(critic, "model", None), "config", None) or critic.peft_model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limits = [getattr(text, "max_position_embeddings", None)]
+    model_max = getattr(tokenizer, "model_max_length", None)
+    if model_max is not None and model_max < 1_000_000:  # transformers' "no limit" is a huge number
+        limits.append(model_max)
+    limits = [limit for limit in limits if limit]
+    return min(limits) if limits else None
+
+
+def _as_text(value, tokenizer, prompt: bool = False) -> str:
+    """A prompt or completion as text: itself, or a conversation rendered with the critic's chat template (joined
+    message contents where it has none)."""
+    if isinstance(value, str):
+        return value
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=prompt)
+    return "\n".join(str(message.get("content", "")) for message in value)
+
+
+def _weighted_sum(columns: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`(rows, F) -> (rows,)`: the weighted sum of the reward columns; NaN where no function scored (as TRL's)."""
+    total = (columns * weights).nansum(dim=1)
+    total[torch.isnan(columns).all(dim=1)] = torch.nan
+    return total

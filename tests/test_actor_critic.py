@@ -1,0 +1,672 @@
+"""The actor-critic trainers (`multiagent_trl.actor_critic`, `multiagent_trl.comlrl.actor_critic`): against CoMLRL
+1.4.3 itself (the same weights after one update), CoMLRL-style scripts with only their imports changed, and the
+native `ActorCriticTrainer` over a table of critics (separate, joint, value head, LoRA adapter).
+
+The parity tests replace both libraries' sampling with one deterministic `generate` (completions drawn from the
+prompt's token ids, the agent and the completion's index, ending at the end token or at `max_new_tokens` as real
+decoding does), so that both train on the same completions: the update is then compared weight by weight.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from multiagent_trl import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from multiagent_trl.actor_critic.config import ActorCriticConfig
+from multiagent_trl.actor_critic.trainer import ActorCriticTrainer
+from multiagent_trl.actor_critic.value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHead
+from multiagent_trl.comlrl.actor_critic import item_reward
+from multiagent_trl.testing import save_model_folder, tiny_model_path, tiny_tokenizer
+
+from .conftest import changed, lora_config, snapshot
+
+PROMPTS = ["Name a red fruit:", "Name a sea fish:"]  # the same length: no padding in TRL's batches
+MAX_NEW = 5
+LR = 1e-3
+
+
+def fake_generate(agent: int, eos: int, pad: int):
+    """A deterministic `generate` for agent `agent`, called as CoMLRL calls it (one prompt, `num_return_sequences`)
+    or as TRL does (a batch of prompts, each repeated): the k-th completion of a prompt is the same in both."""
+
+    def generate(input_ids=None, attention_mask=None, **kwargs):
+        count = kwargs.get("num_return_sequences") or 1
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        rows, seen = [], {}
+        for row, row_mask in zip(input_ids, mask):
+            prompt = tuple(row[row_mask.bool()].tolist())
+            for _ in range(count):
+                k = seen[prompt] = seen.get(prompt, -1) + 1
+                rng = random.Random(hash((agent, prompt, k)))
+                # As decoding stops: at the end token (then padding), or after MAX_NEW tokens.
+                tokens = [rng.randint(97, 122) for _ in range(rng.randint(0, MAX_NEW - 1))] + [eos]
+                if rng.random() < 0.3:
+                    tokens = [rng.randint(97, 122) for _ in range(MAX_NEW)]
+                rows.append(row.tolist() + tokens + [pad] * (MAX_NEW - len(tokens)))
+        return torch.tensor(rows, device=input_ids.device)
+
+    return generate
+
+
+def parity_reward(completions1, completions2):
+    """One value per joint sample, from both agents' texts."""
+    return [float(len(a)) - 0.7 * len(b) + 0.3 * a.count("e") for a, b in zip(completions1, completions2)]
+
+
+def solo_reward(completions1):
+    return [float(len(a)) + 0.3 * a.count("e") for a in completions1]
+
+
+@pytest.fixture(scope="module")
+def comlrl():
+    pytest.importorskip("comlrl", reason="the parity tests need comlrl==1.4.3 (pip install -e '.[dev]')")
+    from comlrl.trainers import actor_critic
+
+    return actor_critic
+
+
+def build_pair(comlrl, family: str, tmp_path, num_agents: int = 2, **fields):
+    """The same CoMLRL settings under CoMLRL and under our port, generation replaced by `fake_generate`."""
+    settings = dict(
+        num_agents=num_agents,
+        num_turns=1,
+        num_generations=2,
+        rollout_buffer_size=4,
+        max_new_tokens=MAX_NEW,
+        num_train_epochs=1,
+        agent_learning_rate=LR,
+        critic_learning_rate=2 * LR,
+        temperature=0.6,  # sampling only: both score log-probabilities at temperature 1
+        early_termination_threshold=None,
+        **fields,
+    )
+    reward = parity_reward if num_agents == 2 else solo_reward
+    dataset = Dataset.from_dict({"prompt": PROMPTS})
+    critic = tiny_model_path(seed=1)
+    separate = fields.get("use_separate_critic", True)
+    trainers = []
+    for config_cls, trainer_cls, extra in (
+        (getattr(comlrl, f"{family}Config"), getattr(comlrl, f"{family}Trainer"), {}),
+        (
+            IACConfig if family == "IAC" else MAACConfig,
+            IACTrainer if family == "IAC" else MAACTrainer,
+            dict(report_to="none", generation_mode="per_agent", output_dir=str(tmp_path / "ours")),
+        ),
+    ):
+        torch.manual_seed(0)
+        kwargs = dict(critic_model=critic) if separate else {}
+        trainer = trainer_cls(
+            agent_model=tiny_model_path(),
+            reward_func=reward,
+            args=config_cls(**settings, **extra),
+            train_dataset=dataset,
+            **kwargs,
+        )
+        trainer.verbose = False
+        trainers.append(trainer)
+    theirs, ours = trainers
+    tokenizer = ours.processing_class
+    for i in range(num_agents):
+        generate = fake_generate(i, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        theirs.agents[i].model.generate = generate
+        ours.model.agents[i].generate = generate
+    # The same starting value heads (each library draws its own at random).
+    their_heads = [c.value_head for c in theirs.critics] if theirs.critics else [a.value_head for a in theirs.agents]
+    for critic_ours, head in zip(ours.critics, their_heads):
+        critic_ours.value_head.load_state_dict(head.state_dict())
+    return theirs, ours
+
+
+def pairs_of(theirs, ours, critics: bool = True):
+    """(name, our module, CoMLRL's module) for every actor, and every critic (or value head on an agent)."""
+    pairs = [(f"agent_{i}", ours.model.agents[i], agent.model) for i, agent in enumerate(theirs.agents)]
+    if critics:
+        if theirs.critics:
+            pairs += [(f"critic_{k}", c, t) for k, (c, t) in enumerate(zip(ours.critics, theirs.critics))]
+        else:
+            pairs += [
+                (f"head_{i}", c.value_head, a.value_head) for i, (c, a) in enumerate(zip(ours.critics, theirs.agents))
+            ]
+    return pairs
+
+
+def assert_same_update(pairs):
+    """The same weights after the update. Adam's first step moves a weight by about lr * sign(gradient), so a
+    gradient within rounding of zero (about 1e-8) may land anywhere in [-lr, lr]: nearly every weight must agree to
+    1e-6, and every one to a fraction of lr."""
+    total = close = 0
+    for name, ours, theirs in pairs:
+        mine, their = dict(ours.named_parameters()), dict(theirs.named_parameters())
+        assert mine.keys() == their.keys(), name
+        for key in mine:
+            diff = (mine[key].detach() - their[key].detach()).abs()
+            assert diff.max() < 0.2 * LR, f"{name}.{key}: {diff.max():.3g}"
+            total, close = total + diff.numel(), close + int((diff <= 1e-6).sum())
+    assert close / total > 0.999, f"{total - close} of {total} weights differ by more than 1e-6"
+
+
+def moved(module, path: str) -> float:
+    """The largest change of `module`'s weights from the model saved at `path`."""
+    start = AutoModelForCausalLM.from_pretrained(path)
+    return max((p.detach() - q).abs().max().item() for p, q in zip(module.parameters(), start.parameters()))
+
+
+# ---- 1. the same weights as CoMLRL 1.4.3 after one update
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(critic_type="v"),
+        dict(critic_type="q"),
+        dict(critic_type="v", use_separate_critic=False),  # a value head on each agent, clipped value loss
+    ],
+    ids=["separate-v", "separate-q", "head-v"],
+)
+def test_iac_update_matches_comlrl(comlrl, tmp_path, fields):
+    theirs, ours = build_pair(comlrl, "IAC", tmp_path, **fields)
+    theirs.train()
+    ours.train()
+    assert ours.state.global_step == 1  # one buffer of 4 samples per agent: one update, as CoMLRL's
+    assert moved(ours.model.agents[0], tiny_model_path()) > 0.5 * LR
+    assert_same_update(pairs_of(theirs, ours))
+
+
+def test_maac_update_matches_comlrl(comlrl, tmp_path):
+    """One agent: CoMLRL steps the joint critic once per agent, so with one agent the critic matches too."""
+    theirs, ours = build_pair(comlrl, "MAAC", tmp_path, num_agents=1, critic_type="q")
+    theirs.train()
+    ours.train()
+    assert_same_update(pairs_of(theirs, ours))
+
+
+def test_maac_actors_match_comlrl_with_two_agents(comlrl, tmp_path):
+    """Two agents: the actors match; CoMLRL steps the critic once per agent, here once on the agents' mean loss."""
+    theirs, ours = build_pair(comlrl, "MAAC", tmp_path, critic_type="v")
+    theirs.train()
+    ours.train()
+    assert_same_update(pairs_of(theirs, ours, critics=False))
+    assert moved(ours.critics[0], tiny_model_path(seed=1)) > 0.5 * LR
+
+
+# ---- 2. CoMLRL-style scripts with only their imports changed
+
+IAC_SCRIPT = """
+from datasets import Dataset
+from comlrl.trainers.actor_critic import IACConfig, IACTrainer
+
+
+def length_reward(completions1, completions2):
+    return [min(len(b) / max(len(a), 1), 2.0) for a, b in zip(completions1, completions2)]
+
+
+def main(model_path, output_dir, callback_log):
+    dataset = Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:", "Pick a word:"] * 2})
+    config = IACConfig(
+        num_agents=2, num_turns=1, num_generations=2, rollout_buffer_size=4, max_new_tokens=6,
+        num_train_epochs=1, agent_learning_rate=1e-4, critic_learning_rate=1e-4, critic_type="q",
+        eval_interval=0, logging_steps=1,
+    )
+    trainer = IACTrainer(
+        agent_model=model_path,
+        critic_model=model_path,
+        reward_func=length_reward,
+        formatters=[lambda item: item["prompt"], lambda item: "Expand: " + item["prompt"]],
+        args=config,
+        train_dataset=dataset,
+        metrics_callback=lambda samples: callback_log.append(samples) or {"samples": len(samples)},
+    )
+    trainer.verbose = False
+    trainer.train()
+    trainer.save_model(output_dir)
+    return trainer
+"""
+
+MAAC_SCRIPT = """
+from datasets import Dataset
+from comlrl.trainers.actor_critic import MAACConfig, MAACTrainer
+from comlrl.utils.reward_processor import RewardProcessors
+
+
+def per_agent_reward(completions1, completions2):
+    return [float(len(completions1[0])), float(len(completions2[0]))]  # one reward per agent
+
+
+def main(model_path, output_dir, callback_log):
+    dataset = Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:"]})
+    config = MAACConfig(
+        num_agents=2, num_turns=1, num_generations=1, rollout_buffer_size=2, max_new_tokens=6,
+        num_train_epochs=1, agent_learning_rate=1e-4, critic_learning_rate=1e-4, critic_type="v",
+        eval_interval=0,
+    )
+    trainer = MAACTrainer(
+        agent_model=model_path,
+        critic_model=model_path,
+        reward_func=per_agent_reward,
+        reward_processor=RewardProcessors.scale(0.1),
+        args=config,
+        train_dataset=dataset,
+        model_config={"critic_value_head_hidden_dim": 8},
+    )
+    trainer.verbose = False
+    trainer.train()
+    trainer.save_model(output_dir)
+    return trainer
+"""
+
+
+def run_script(source: str, imports: dict[str, str], *args):
+    for theirs, ours in imports.items():
+        assert source.count(theirs) == 1
+        source = source.replace(theirs, ours)
+    namespace = {"__name__": "ac_script"}
+    exec(compile(source, "ac_script", "exec"), namespace)
+    return namespace["main"](*args)
+
+
+OURS_IAC = {
+    "from comlrl.trainers.actor_critic import IACConfig, IACTrainer": (
+        "from multiagent_trl import IACConfig, IACTrainer"
+    )
+}
+OURS_MAAC = {
+    "from comlrl.trainers.actor_critic import MAACConfig, MAACTrainer": (
+        "from multiagent_trl import MAACConfig, MAACTrainer"
+    ),
+    "from comlrl.utils.reward_processor import RewardProcessors": "from multiagent_trl import RewardProcessors",
+}
+
+
+def test_iac_script_runs_with_only_its_imports_changed(tmp_path, comlrl):
+    log: list = []
+    trainer = run_script(IAC_SCRIPT, OURS_IAC, tiny_model_path(), str(tmp_path / "ours"), log)
+    assert trainer.state.global_step == 3  # 6 items, 2 items (4 samples per agent) per buffer
+    # metrics_callback: once per item, with the item's samples of both agents, as CoMLRL calls it.
+    assert len(log) == 6 and all(len(samples) == 4 for samples in log)
+    first = log[0]
+    assert [s.agent_idx for s in first] == [0, 0, 1, 1]
+    assert [s.metadata["generation_idx"] for s in first] == [0, 1, 0, 1]
+    assert first[2].prompt == "Expand: " + first[0].prompt
+    assert first[0].metadata["batch_item"]["prompt"] == first[0].prompt
+    logged = trainer.state.log_history[0]
+    assert {"turn_1/reward_mean", "turn_1/expected_return", "samples", "agent_1/value_loss"} <= set(logged)
+    for i in range(2):  # CoMLRL's layout: agent_i/ and agent_i/critic/ with value_head.pt
+        agent_dir = tmp_path / "ours" / f"agent_{i}"
+        assert AutoModelForCausalLM.from_pretrained(agent_dir).config.model_type == "qwen2"
+        critic = CausalLMWithValueHead.from_pretrained(str(agent_dir / "critic"))
+        assert critic.value_head is not None
+    # The same script under CoMLRL 1.4.3 writes the same layout.
+    run_script(IAC_SCRIPT, {}, tiny_model_path(), str(tmp_path / "theirs"), [])
+    for i in range(2):
+        assert (tmp_path / "theirs" / f"agent_{i}" / "critic" / VALUE_HEAD_FILE).is_file()
+
+
+def test_maac_script_runs_with_only_its_imports_changed(tmp_path, comlrl):
+    trainer = run_script(MAAC_SCRIPT, OURS_MAAC, tiny_model_path(), str(tmp_path / "ours"), [])
+    assert trainer.state.global_step == 1
+    assert trainer.critics[0].value_head.hidden_dim == 8  # from model_config, as CoMLRL reads it
+    files = {p.relative_to(tmp_path / "ours").as_posix() for p in (tmp_path / "ours").rglob("*")}
+    assert {"agent_0/config.json", "agent_1/config.json", "critic/config.json", f"critic/{VALUE_HEAD_FILE}"} <= files
+    run_script(MAAC_SCRIPT, {}, tiny_model_path(), str(tmp_path / "theirs"), [])
+    assert (tmp_path / "theirs" / "critic" / VALUE_HEAD_FILE).is_file()
+
+
+def test_one_agent_iac_saves_flat_like_comlrl(tmp_path, tiny_path, prompts_dataset):
+    args = IACConfig(num_agents=1, num_turns=1, max_new_tokens=4, rollout_buffer_size=4, report_to="none")
+    trainer = IACTrainer(agent_model=tiny_path, critic_model=tiny_path, reward_func=solo_reward, args=args)
+    trainer.save_model(str(tmp_path / "flat"))
+    assert (tmp_path / "flat" / "config.json").is_file()
+    assert (tmp_path / "flat" / "critic" / VALUE_HEAD_FILE).is_file()
+
+
+# ---- 3. the reward: CoMLRL's calls, once per dataset item
+
+
+def test_reward_is_called_once_per_item_with_lists_of_g():
+    calls = []
+
+    def reward(completions1, completions2, batch_items=None, prompts=None):
+        calls.append((list(completions1), list(completions2), batch_items, prompts))
+        return [1.0, 2.0, 3.0]  # one per generation
+
+    rows = [{"prompt": "a"}] * 3 + [{"prompt": "b"}] * 3
+    formatters = [lambda item: item["prompt"] + "!", lambda item: item["prompt"] + "?"]
+    bound = item_reward(reward, lambda r: 10 * r, formatters, num_agents=2, num_generations=3)
+    values = bound(list("uvwxyz"), list("UVWXYZ"), batch_items=rows)
+    assert values == [10.0, 20.0, 30.0] * 2
+    assert calls[0] == (["u", "v", "w"], ["U", "V", "W"], [rows[0]], ["a!", "a?"])
+    assert calls[1][0] == ["x", "y", "z"] and calls[1][3] == ["b!", "b?"]
+
+
+@pytest.mark.parametrize(
+    "returned, expected",
+    [
+        ([5.0], [5.0, 5.0, 5.0]),  # one value: every agent, every completion
+        ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]),  # one per generation
+        ([1.0, 2.0], [[1.0, 2.0]] * 3),  # one per agent: per-agent rewards for the core
+    ],
+)
+def test_reward_lengths_follow_comlrl(returned, expected):
+    bound = item_reward(lambda c1, c2: returned, None, None, num_agents=2, num_generations=3)
+    assert bound(list("abc"), list("def"), batch_items=[{"prompt": "p"}] * 3) == expected
+
+
+def test_per_agent_rewards_read_per_generation_when_n_equals_g():
+    """CoMLRL checks the per-generation length first: with N == G, N values are one per generation."""
+    bound = item_reward(lambda c1, c2: [1.0, 2.0], None, None, num_agents=2, num_generations=2)
+    assert bound(list("ab"), list("cd"), batch_items=[{"prompt": "p"}] * 2) == [1.0, 2.0]
+
+
+def test_wrong_reward_length_raises():
+    bound = item_reward(lambda c1, c2: [1.0] * 4, None, None, num_agents=2, num_generations=3)
+    with pytest.raises(ValueError, match="returned 4 values for one item"):
+        bound(list("abc"), list("def"), batch_items=[{"prompt": "p"}] * 3)
+
+
+# ---- 4. CoMLRL's fields, defaults and checks
+
+
+@pytest.mark.parametrize("name", ["IACConfig", "MAACConfig"])
+def test_every_comlrl_field_is_accepted_with_its_default(comlrl, name):
+    import dataclasses
+
+    ours = {f.name: f for f in dataclasses.fields(IACConfig if name == "IACConfig" else MAACConfig)}
+    for field in dataclasses.fields(getattr(comlrl, name)):
+        theirs = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        mine = ours[field.name].default
+        assert mine == theirs, (field.name, mine, theirs)
+
+
+def test_comlrl_fields_map_onto_the_core():
+    config = IACConfig(num_turns=1, num_generations=2, rollout_buffer_size=8, train_batch_size=4, top_k=None)
+    assert (config.per_device_train_batch_size, config.steps_per_generation, config.generation_batch_size) == (4, 2, 8)
+    assert (config.learning_rate, config.critic_lr, config.max_completion_length, config.top_k) == (5e-6, 5e-6, 256, 0)
+    assert (config.critic_kind, config.value_clip_range, config.comlrl_value_clip_range) == ("model", None, 0.2)
+    assert (config.loss_type, config.weight_decay, config.lr_scheduler_type, config.max_grad_norm) == (
+        "luspo",
+        0.01,
+        "constant",
+        0.0,
+    )
+    head = IACConfig(num_turns=1, use_separate_critic=False, value_head_hidden_dim=16, critic_learning_rate=1.0)
+    assert (head.critic_kind, head.value_clip_range, head.critic_value_head_hidden_dim, head.critic_lr) == (
+        "head",
+        0.2,
+        16,
+        5e-6,  # CoMLRL's head trains in the agent's optimizer
+    )
+    assert MAACConfig(num_turns=1).joint_critic
+
+
+@pytest.mark.parametrize(
+    "config_cls, fields, message",
+    [
+        (IACConfig, dict(num_turns=2, num_generations=2), "num_generations=1"),
+        (ActorCriticConfig, dict(num_turns=2, num_generations=2, output_dir="x"), "num_generations=1"),
+        (IACConfig, dict(critic_type="w"), "critic_type"),
+        (ActorCriticConfig, dict(critic_type="advantage", output_dir="x"), "critic_type"),
+        (IACConfig, dict(num_turns=1, num_generations=3, rollout_buffer_size=8), "multiple of `num_generations"),
+        (IACConfig, dict(num_turns=1, rollout_buffer_size=6, train_batch_size=4), "multiple of `train_batch_size"),
+        (IACConfig, dict(reference_kl_enabled=True), "beta"),
+        (IACConfig, dict(parallel_training="mp"), "agent_devices"),
+        (IACConfig, dict(parallel_training="gpus"), "parallel_training"),
+        (ActorCriticConfig, dict(joint_critic=True, critic_kind="head", output_dir="x"), "critic_kind"),
+        (ActorCriticConfig, dict(joint_mode="cross", output_dir="x"), "aligned"),
+    ],
+)
+def test_bad_configs_raise_with_the_fix(config_cls, fields, message):
+    with pytest.raises((ValueError, NotImplementedError), match=message):
+        config_cls(**fields)
+
+
+# ---- 5. bad inputs, caught at construction
+
+
+def other_vocabulary_model(tmp_path) -> str:
+    """A tiny model whose tokenizer has one more token: another vocabulary."""
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+    model.resize_token_embeddings(len(tokenizer))
+    return save_model_folder(tmp_path / "other-vocab", model, tokenizer)
+
+
+def native_args(tmp_path, **fields):
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        num_agents=2,
+        num_generations=2,
+        per_device_train_batch_size=4,
+        max_completion_length=6,
+        max_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+    )
+    return ActorCriticConfig(**{**settings, **fields})
+
+
+def test_critic_with_another_tokenizer_raises(tmp_path, tiny_path, prompts_dataset):
+    with pytest.raises(ValueError, match="another tokenizer than agent 0"):
+        ActorCriticTrainer(
+            model=tiny_path,
+            reward_funcs=parity_reward,
+            args=native_args(tmp_path),
+            train_dataset=prompts_dataset,
+            critic_model=other_vocabulary_model(tmp_path),
+        )
+
+
+def test_joint_critic_too_short_for_the_joint_text_raises(tmp_path, tiny_path, prompts_dataset):
+    short = AutoModelForCausalLM.from_pretrained(tiny_path, max_position_embeddings=12)
+    path = save_model_folder(tmp_path / "short", short, tiny_tokenizer())
+    with pytest.raises(ValueError, match="longer context"):
+        ActorCriticTrainer(
+            model=tiny_path,
+            reward_funcs=parity_reward,
+            args=native_args(tmp_path, joint_critic=True, critic_type="q"),
+            train_dataset=prompts_dataset,
+            critic_model=path,
+        )
+
+
+@pytest.mark.parametrize(
+    "fields, kwargs, message",
+    [
+        (dict(num_turns=2, num_generations=1), {}, "multi-turn"),
+        (dict(critic_kind="adapter"), {}, "LoRA team"),
+        (dict(critic_kind="head"), dict(critic_model="x"), "critic_model"),
+    ],
+)
+def test_unsupported_settings_raise(tmp_path, tiny_path, prompts_dataset, fields, kwargs, message):
+    with pytest.raises((ValueError, NotImplementedError), match=message):
+        ActorCriticTrainer(
+            model=tiny_path,
+            reward_funcs=parity_reward,
+            args=native_args(tmp_path, **fields),
+            train_dataset=prompts_dataset,
+            external_transition=lambda row, histories, turn: ["next"] * 2,
+            **kwargs,
+        )
+
+
+# ---- 6. the native trainer: every actor and critic parameter trains
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(critic_type="v", num_generations=1),  # IAC, one completion per prompt
+        dict(critic_type="q", joint_critic=True),  # MAAC
+        dict(critic_type="q", critic_kind="head", value_clip_range=0.2, critic_value_head_hidden_dim=8),
+    ],
+    ids=["iac-v-g1", "maac-q", "head-q"],
+)
+def test_native_trainer_trains_every_actor_and_critic_parameter(tmp_path, tiny_path, prompts_dataset, fields):
+    trainer = ActorCriticTrainer(
+        model=tiny_path,
+        reward_funcs=parity_reward,
+        args=native_args(tmp_path, **fields),
+        train_dataset=prompts_dataset,
+    )
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model) == set(before)
+    logged = trainer.state.log_history[0]
+    assert {"agent_0/value_loss", "agent_1/value_mean", "agent_0/loss"} <= set(logged)
+    assert ("critic/grad_norm" if fields.get("joint_critic") else "agent_1/critic_grad_norm") in logged
+    groups = [g for g in trainer.optimizer.param_groups if "critic" in g]
+    assert {g["critic"] for g in groups} == set(range(trainer.num_critics))
+
+
+def test_lora_team_with_critic_adapters_trains_and_saves(tmp_path, tiny_path, prompts_dataset):
+    args = native_args(tmp_path, critic_kind="adapter", critic_learning_rate=2e-3)
+    trainer = ActorCriticTrainer(
+        model=tiny_path,
+        reward_funcs=parity_reward,
+        args=args,
+        train_dataset=prompts_dataset,
+        peft_config=lora_config(),
+    )
+    before = snapshot(trainer.model)
+    trainer.train()
+    trained = changed(before, trainer.model)
+    adapters = {n for n in before if ".lora_" in n or n.startswith("critics.")}
+    assert trained == adapters  # the base is unchanged; every agent and critic adapter, and every head, trained
+    assert any(".critic_1." in n for n in trained) and any(n.startswith("critics.1.value_head") for n in trained)
+    assert {g["initial_lr"] for g in trainer.optimizer.param_groups if "critic" in g} == {2e-3}
+
+    trainer.save_model(str(tmp_path / "final"))
+    critic_dir = tmp_path / "final" / "agent_1" / "critic"
+    assert {"adapter_config.json", "adapter_model.safetensors", VALUE_HEAD_FILE} <= set(os.listdir(critic_dir))
+    # Loaded back: the agent's adapter with PEFT, the critic (adapter and head) into a fresh critic adapter.
+    base = AutoModelForCausalLM.from_pretrained(tiny_path)
+    loaded = PeftModel.from_pretrained(base, str(tmp_path / "final" / "agent_1"), adapter_name="agent_1")
+    loaded.add_adapter("critic_1", lora_config())
+    critic = AdapterValueModel(loaded, "critic_1")
+    critic.load_pretrained(str(critic_dir))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        expected = trainer.critics[1].values(ids.to(trainer.accelerator.device)).cpu()
+        torch.testing.assert_close(critic.values(ids), expected)
+
+
+def test_checkpoints_hold_the_critics_and_resume(tmp_path, tiny_path, prompts_dataset):
+    args = native_args(tmp_path, save_strategy="steps", save_steps=1, max_steps=1)
+    trainer = ActorCriticTrainer(model=tiny_path, reward_funcs=parity_reward, args=args, train_dataset=prompts_dataset)
+    trainer.train()
+    checkpoint = Path(args.output_dir) / "checkpoint-1"
+    assert (checkpoint / "agent_0" / "critic" / VALUE_HEAD_FILE).is_file()
+    resumed = ActorCriticTrainer(
+        model=tiny_path, reward_funcs=parity_reward, args=native_args(tmp_path), train_dataset=prompts_dataset
+    )
+    resumed._load_from_checkpoint(str(checkpoint))
+    for ours, saved in zip(resumed.critics, trainer.critics):
+        for (name, p), q in zip(ours.named_parameters(), saved.parameters()):
+            torch.testing.assert_close(p, q, msg=name)
+
+
+def test_gradient_accumulation_matches_the_full_batch(tmp_path, tiny_path, prompts_dataset):
+    """The value loss is scaled for accumulation as TRL's policy loss: 4 rows x 2 micro-batches train the actors and
+    the critics like one batch of 8 (the advantages are standardized over the whole generation batch either way)."""
+    weights = []
+    for batch_size, accumulation in ((8, 1), (4, 2)):
+        args = native_args(
+            tmp_path,
+            max_steps=1,
+            loss_type="grpo",
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            lr_scheduler_type="constant",
+            optim="sgd",
+            learning_rate=0.1,
+        )
+        trainer = ActorCriticTrainer(
+            model=tiny_path, reward_funcs=parity_reward, args=args, train_dataset=prompts_dataset
+        )
+        trainer.train()
+        weights.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+    for name in weights[0]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+DDP_SCRIPT = """
+import json, sys
+from datasets import Dataset
+from multiagent_trl.actor_critic.config import ActorCriticConfig
+from multiagent_trl.actor_critic.trainer import ActorCriticTrainer
+from multiagent_trl.testing import tiny_model_path
+
+out_dir, joint = sys.argv[1], sys.argv[2] == "joint"
+args = ActorCriticConfig(
+    output_dir=out_dir + "/run", num_agents=2, num_generations=2, per_device_train_batch_size=4,
+    max_completion_length=6, max_steps=2, learning_rate=1e-2, report_to="none", save_strategy="no", seed=0,
+    joint_critic=joint, critic_type="q" if joint else "v",
+)
+trainer = ActorCriticTrainer(
+    model=tiny_model_path(),
+    reward_funcs=lambda c1, c2: [len(b) / (1 + len(a)) for a, b in zip(c1, c2)],
+    args=args,
+    train_dataset=Dataset.from_dict({"prompt": [f"Row {i}: tell a story." for i in range(8)]}),
+)
+critic_sums = lambda: [[float(p.detach().double().sum()) for p in c.parameters()] for c in trainer.critics]
+initial = critic_sums()
+trainer.train()
+with open(f"{out_dir}/rank{trainer.accelerator.process_index}.json", "w") as f:
+    agents = [[float(p.detach().double().sum()) for p in trainer.model.agent_parameters(i)] for i in range(2)]
+    json.dump({"initial": initial, "critics": critic_sums(), "agents": agents}, f)
+"""
+
+
+@pytest.mark.parametrize("kind", ["iac"])  # a joint critic routes the same way; one launch keeps the suite short
+def test_two_processes_train_the_same_critics(tmp_path, kind):
+    """DDP (two gloo processes on CPU): the critics live in the team module, so their gradients are averaged too."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp_actor_critic.py"
+    script.write_text(DDP_SCRIPT)
+    tiny_model_path()  # built once, before two processes race to build it
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(script), str(tmp_path), kind]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["critics"] == ranks[1]["critics"] and ranks[0]["agents"] == ranks[1]["agents"]
+    for initial, trained in zip(ranks[0]["initial"], ranks[0]["critics"]):
+        assert all(a != b for a, b in zip(initial, trained))
+
+
+def test_evaluate_takes_no_arguments_and_reports_comlrls_metrics(tmp_path, tiny_path):
+    rows = Dataset.from_dict({"prompt": [f"Row {i}: a word." for i in range(6)]})
+    calls = []
+    args = IACConfig(
+        num_turns=1, max_new_tokens=4, rollout_buffer_size=2, eval_num_samples=3, report_to="none",
+        output_dir=str(tmp_path / "out"),
+    )  # fmt: skip
+    trainer = IACTrainer(
+        agent_model=tiny_path,
+        critic_model=tiny_path,
+        reward_func=parity_reward,
+        args=args,
+        eval_dataset=rows,
+        metrics_callback=lambda samples: calls.append(samples) or {"completion_chars": len(samples[0].completion)},
+    )
+    metrics = trainer.evaluate()
+    assert len(calls) == 3 and all(len(samples) == 2 for samples in calls)  # the first 3 rows, 1 completion each
+    assert {"eval_turn_1/reward_mean", "eval_turn_1/expected_return", "eval_completion_chars"} <= set(metrics)
+    with pytest.raises(ValueError, match="Training requires a dataset"):
+        trainer.train()
