@@ -235,9 +235,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             )
             self.is_model_parallel, self.place_model_on_device = True, False  # the agents stay where they were put
         self.model = self.model_wrapped = self.callback_handler.model = team
-        self._replay: Replay | None = None
+        self._replay, self._eval_recorder = None, None  # `Replay` in an agent's pass; `EvalRecorder` in evaluation
         self._agent_rewards: torch.Tensor | None = None  # (rows, F, N): the last joint pass's per-agent rewards
-        self._eval_recorder: EvalRecorder | None = None
         self._first_train_row: dict | None = None  # a model card's example (`hub.example_row`): a stream has no row 0
         if args.sync_ref_model:
             self.add_callback(ReferenceSyncCallback(self.accelerator, self._agent_views))
@@ -258,8 +257,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         state = {name: getattr(self, name, None) for name in names}
         for name, value in self._team_tools.install(self._agent_views, state, self.args).items():
             setattr(self, name, value)
-
-    # ------------------------------------------------------------------ agent views
 
     def _swap(self, **attributes):
         return swapped(self, **attributes)
@@ -283,8 +280,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def agent_metric_prefix(self, index: int) -> str:
         """Prefix of agent `index`'s metrics: `agent_{index}/`, or nothing for a team of one (TRL's own names)."""
         return f"agent_{index}/" if self.num_agents > 1 else ""
-
-    # ------------------------------------------------------------------ generation, rewards, advantages
 
     def _agent_inputs(self, inputs: list[dict], index: int) -> list[dict]:
         return formatted_rows(inputs, self.formatters[index] if self.formatters else None, index)
@@ -316,8 +311,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if mode == "train" and self._first_train_row is None:
             self._first_train_row = dict(inputs[0])
         width = self.num_generations if mode == "train" else self.num_generations_eval
-        agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
-        # Environments reset, tools bound.
+        agent_inputs = [
+            self._agent_inputs(inputs, i) for i in range(self.num_agents)
+        ]  # environments reset, tools bound:
         agent_inputs, environments = self._team_tools.begin_batch(self._agent_views, inputs, agent_inputs)
         self.environments = environments if environments is not None else getattr(self, "environments", None)
         levels = self._play(inputs, agent_inputs, width, mode)  # steps 1 and 2, turn by turn
@@ -342,8 +338,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return {f"agent_{i}/{key}": value for i, output in enumerate(outputs) for key, value in output.items()}
 
     def _play(self, inputs: list[dict], agent_inputs: list[list[dict]], width: int, mode: str) -> list[Level]:
-        """Play the turns: each turn's nodes generate in one call and are scored in one call; the transition then
-        makes the next turn's nodes (see `rollout_tree`). Returns the levels played, rewards and rollouts filled."""
+        """Play the turns (`rollout.tree`): each turn's nodes generate in one call and are scored in one call."""
         args, num_agents = self.args, self.num_agents
         cross = args.joint_mode == "cross" and num_agents > 1
         samples = width**num_agents if cross else width
@@ -377,8 +372,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return levels
 
     def _most_across_processes(self, count: int) -> int:
-        if self.accelerator.num_processes == 1:
-            return count
         return int(self.accelerator.gather(torch.tensor([count], device=self.accelerator.device)).max())
 
     def _rollouts(self, agent_inputs: list[list[dict]], mode: str) -> list[Rollout]:
@@ -407,8 +400,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return rollouts
 
     def _vllm_state(self) -> dict[str, bool]:
-        """TRL's `use_vllm` for its scoring and loss, on with the team's engines: TRL then applies its
-        importance-sampling correction to each agent's vLLM log-probs (TRL's own engine is never built for a team)."""
+        """TRL's `use_vllm`, on with the team's engines: TRL then corrects each agent's loss for vLLM's log-probs."""
         return {"use_vllm": True} if self._vllm is not None else {}
 
     def _tokenize_agents(self, prompts: list[list]) -> list[list[list[int]]]:
@@ -441,8 +433,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         )
 
     def _generate_batched(self, prompts: list[list]) -> list[list[list[int]]]:
-        """Generate for all agents in one `generate` call (`team.mixed_batch`); one list of completion ids per agent.
-        Decoding and metrics then run per agent in `_generate`, which replays its slice."""
+        """Generate for all agents in one `generate` call (`team.mixed_batch`): completion ids per agent."""
         prompt_ids = self._tokenize_agents(prompts)
         with self.model.mixed_batch([len(ids) for ids in prompt_ids]):
             completion_ids, _ = super()._generate_single_turn(
@@ -460,8 +451,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             swapped = dict(
                 _replay=replay, reward_func_names=names, reward_weights=weights, reward_funcs=[None] * len(names)
             )
-            swapped.update(REPLAY_STATE)  # the rollout's environments and tools were used in step 1
-            swapped.update(self._vllm_state())
+            swapped.update(**REPLAY_STATE, **self._vllm_state())  # the environments and tools were used in step 1
             with self._agent_view(i), self._swap(**swapped):
                 outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
             if self.args.advantage_baseline != "mean":  # TRL computed GRPO's; replace them with the baseline's
@@ -478,10 +468,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         return outputs
 
     def _joint_rewards(self, level: Level, mode: str, turn: int | None = None) -> None:
-        """Score the level's joint samples with every reward function, in one call. Fills `level.rewards_per_func`
-        (gathered, `(tuples, F)`), `level.joint` (gathered, after the processor), `level.rewards` (this process's,
-        `(nodes, samples, A)`) and `level.extras` (the columns functions logged with `log_extra`, gathered;
-        `log_metric` values go to the metrics, under `turn_k/` in a multi-turn episode)."""
+        """Score the level's joint samples with every reward function, in one call; fills `level.rewards_per_func`,
+        `level.joint` (gathered), `level.rewards` (this process's) and `level.extras` (`rewards.scoring`)."""
         rows, prompts, completions, completion_ids = joint_samples(level, self.reward_funcs)
         rewards = self._calculate_rewards(rows, prompts, completions, completion_ids)
         prefix, metrics = "" if turn is None else turn_prefix(turn), self._metrics[mode]
@@ -520,8 +508,6 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         """Metrics over every trajectory an evaluation played (with `record_eval_trajectories = True`), logged with
         the `eval_` prefix. None by default; subclasses compute theirs (see `multiagent_trl.rollout.evaluation`)."""
         return {}
-
-    # ------------------------------------------------------------------ loss and optimization
 
     def _compute_loss(self, model, inputs):
         # One backward per agent, right after its forward (Trainer runs the last one's): it frees each
@@ -562,9 +548,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         optimizer = super().create_optimizer(model)
         learning_rates = self.args.agent_learning_rates
         if learning_rates is None and (self.num_agents == 1 or given):
-            # A user's optimizer keeps its own groups and hyperparameters, which a schedule given with it indexes;
-            # per-agent clipping needs no group per agent (`_clip_grad_norm` reads each agent's parameters).
-            return optimizer
+            return optimizer  # a user's optimizer keeps its groups, which a schedule given with it indexes
         owners = {id(p): i for i in range(self.num_agents) for p in self.model.agent_parameters(i)}
         return split_by_agent(optimizer, owners, learning_rates)
 
@@ -579,19 +563,14 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             norms.append(norm)
         return torch.linalg.vector_norm(torch.stack(norms))  # the team's norm, logged as `grad_norm`
 
-    # ------------------------------------------------------------------ logging
-
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
         prefixes = [self.agent_metric_prefix(i) for i in range(self.num_agents)]
         merge_agent_metrics(self._agent_views, self._metrics[mode], mode, prefixes)
         super().log(logs, start_time)
 
-    # ------------------------------------------------------------------ saving and loading
-
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Save each agent to `output_dir/agent_{i}/` with its tokenizer: a model folder for `from_pretrained`, or
-        an adapter folder for `PeftModel.from_pretrained` (plus `merged/` with `save_merged_models`)."""
+        """Save each agent to `output_dir/agent_{i}/` with its tokenizer (`team.checkpointing.save_team`)."""
         if self.args.should_save:
             tokenizers = [view["processing_class"] for view in self._agent_views]
             save_team(self.model, tokenizers, output_dir or self.args.output_dir, state_dict, self.args)
@@ -608,10 +587,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         def save_checkpoint(model, trial):
             super(MultiAgentGRPOTrainer, self)._save_checkpoint(model, trial)
             if self.use_adaptive_entropy and self.args.should_save:
-                folder = os.path.join(
-                    self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-                )
-                save_entropy_states(self._agent_views, folder)
+                name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+                save_entropy_states(self._agent_views, os.path.join(self._get_output_dir(trial=trial), name))
 
         save_atomically(self, save_checkpoint, model, trial)
 
