@@ -105,8 +105,9 @@ def lora_config(**overrides):
     return LoraConfig(**{**settings, **overrides})
 
 
-def small_args(tmp_path, **overrides):
-    """A fast configuration for tests: short completions, few steps, no logging integrations."""
+def small_args(tmp_path, config_class=None, **overrides):
+    """A fast configuration for tests (a `config_class`, by default `MultiAgentGRPOConfig`): short completions, few
+    steps, no logging integrations."""
     from multiagent_trl import MultiAgentGRPOConfig
 
     settings = dict(
@@ -122,7 +123,7 @@ def small_args(tmp_path, **overrides):
         seed=0,
     )
     settings.update(overrides)
-    return MultiAgentGRPOConfig(**settings)
+    return (config_class or MultiAgentGRPOConfig)(**settings)
 
 
 @pytest.fixture(scope="module")

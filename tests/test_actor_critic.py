@@ -26,7 +26,7 @@ from multiagent_trl.actor_critic.value_model import VALUE_HEAD_FILE, AdapterValu
 from multiagent_trl.comlrl.actor_critic import item_reward
 from multiagent_trl.testing import save_model_folder, tiny_model_path, tiny_tokenizer
 
-from .conftest import changed, lora_config, snapshot
+from .conftest import changed, lora_config, small_args, snapshot
 
 PROMPTS = ["Name a red fruit:", "Name a sea fish:"]  # the same length: no padding in TRL's batches
 MAX_NEW = 5
@@ -440,20 +440,8 @@ def other_vocabulary_model(tmp_path) -> str:
 
 
 def native_args(tmp_path, **fields):
-    settings = dict(
-        output_dir=str(tmp_path / "out"),
-        num_agents=2,
-        num_generations=2,
-        per_device_train_batch_size=4,
-        max_completion_length=6,
-        max_steps=2,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-    )
-    return ActorCriticConfig(**{**settings, **fields})
+    settings = dict(num_agents=2, num_generations=2, per_device_train_batch_size=4, max_completion_length=6)
+    return small_args(tmp_path, ActorCriticConfig, **{**settings, **fields})
 
 
 def test_critic_with_another_tokenizer_raises(tmp_path, tiny_path, prompts_dataset):
