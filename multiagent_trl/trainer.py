@@ -49,7 +49,7 @@ from .team.arguments import check_callables, check_prompt_column, per_agent, tea
 from .team.checkpointing import load_team_folders, save_atomically, save_team
 from .team.loading import load_team, reference_copies
 from .team.modules import AgentTeam, LoraAgentTeam
-from .team.optim import logged_losses, split_by_agent
+from .team.optim import ParameterGroup, logged_losses, split_by_owner
 from .team.placement import place_agents
 from .team.reference_sync import ReferenceSyncCallback
 from .team.views import (
@@ -173,19 +173,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # 2. How the agents see the task, and how their answers are scored.
         self.formatters = per_agent("formatters", formatters, num_agents)
         check_callables(self.formatters, reward_processor, external_transition, args.num_turns)
-        self.external_transition = external_transition
-        self._transition = None
-        if external_transition is not None:
-            self._transition = Transition(external_transition, self.formatters, args.external_prompt_passthrough)
+        self.external_transition, passthrough = external_transition, args.external_prompt_passthrough
+        self._transition = (
+            Transition(external_transition, self.formatters, passthrough) if external_transition else None
+        )
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             check_prompt_column(name, dataset, self.formatters)
+        classes = kwargs.get("reward_processing_classes")
         reward_funcs, kwargs["reward_processing_classes"] = bind_reward_funcs(
-            reward_funcs,
-            num_agents,
-            kwargs.get("reward_processing_classes"),
-            args,
-            joint_text,
-            self.rewards_per_sample,
+            reward_funcs, num_agents, classes, args, joint_text, self.rewards_per_sample
         )
         self.reward_processor = reward_processor
 
@@ -194,8 +190,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # beta is hidden from it, and each agent's reference comes from `reference_copies` or its adapters; so is
         # `sync_ref_model` (each agent's reference is synced by `reference_sync.ReferenceSyncCallback`).
         ref_models = reference_copies(models, betas[: len(models)])  # one model only on a shared base
-        # TRL's own vLLM backend is built for one policy (and syncs a PEFT one by merging it): the team's engines are
-        # `vllm_engine.TeamEngine`'s, so TRL is set up without one.
+        # TRL's own vLLM backend is for one policy (it syncs a PEFT one by merging it): the team has its own engines.
         with args.single_agent_view(0, beta=0.0, sync_ref_model=False, use_vllm=False):
             super().__init__(
                 model=models[0],
@@ -543,25 +538,30 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                 self._metrics["train"][f"agent_{i}/loss"].append(loss)
         return total
 
+    def _parameter_groups(self) -> list[ParameterGroup]:
+        """What the optimizer and the clipping treat apart: each agent's parameters (a subclass adds its own)."""
+        lrs = self.args.agent_learning_rates or [None] * self.num_agents
+        owned = [self.model.agent_parameters(i) for i in range(self.num_agents)]
+        return [
+            ParameterGroup(p, lr, f"agent_{i}/grad_norm", {"agent": i}) for i, (p, lr) in enumerate(zip(owned, lrs))
+        ]
+
     def create_optimizer(self, model=None):
         given = self.optimizer is not None  # through `optimizers=` (or built by an earlier call)
-        optimizer = super().create_optimizer(model)
-        learning_rates = self.args.agent_learning_rates
-        if learning_rates is None and (self.num_agents == 1 or given):
+        optimizer, groups = super().create_optimizer(model), self._parameter_groups()
+        if all(group.lr is None for group in groups) and (len(groups) == 1 or given):
             return optimizer  # a user's optimizer keeps its groups, which a schedule given with it indexes
-        owners = {id(p): i for i in range(self.num_agents) for p in self.model.agent_parameters(i)}
-        return split_by_agent(optimizer, owners, learning_rates)
+        return split_by_owner(optimizer, groups)
 
     def _clip_grad_norm(self, model):
-        if self.num_agents == 1 or self.is_deepspeed_enabled:
+        groups = self._parameter_groups()
+        if len(groups) == 1 or self.is_deepspeed_enabled:
             return super()._clip_grad_norm(model)  # the engine clips the whole model
         self.accelerator.unscale_gradients()
-        norms = []
-        for i in range(self.num_agents):
-            norm = sharding.clip_grad_norm_(self.model.agent_parameters(i), self.args.max_grad_norm)
-            self._metrics["train"][f"agent_{i}/grad_norm"].append(norm.item())
-            norms.append(norm)
-        return torch.linalg.vector_norm(torch.stack(norms))  # the team's norm, logged as `grad_norm`
+        norms = [sharding.clip_grad_norm_(group.params, self.args.max_grad_norm) for group in groups]
+        for group, norm in zip(groups, norms):
+            self._metrics["train"][group.metric].append(norm.item())
+        return torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]))  # logged as `grad_norm`
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"

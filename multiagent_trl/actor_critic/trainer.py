@@ -31,6 +31,7 @@ from torch import nn
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
+from ..team.optim import ParameterGroup
 from ..trainer import MultiAgentGRPOTrainer
 from .config import ActorCriticConfig
 from .estimators import advantages, joint_critic_text, value_loss, value_positions, values_at
@@ -498,57 +499,27 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
 
     # ------------------------------------------------------------------ optimization
 
+    def _parameter_groups(self) -> list[ParameterGroup]:
+        # Each critic is optimized and clipped apart from its agent, at the critics' learning rate.
+        groups = super()._parameter_groups()
+        for k in range(self.num_critics):
+            metric = "critic/grad_norm" if self.args.joint_critic else f"agent_{k}/critic_grad_norm"
+            groups.append(ParameterGroup(self.critic_parameters(k), self.args.critic_lr, metric, {"critic": k}))
+        return groups
+
     def create_optimizer(self, model=None):
-        owned = [self.critic_parameters(k) for k in range(self.num_critics)]
         if self.optimizer is not None:  # the user's (`optimizers=`): it must hold the critics
             held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-            missing = [k for k, params in enumerate(owned) if any(id(p) not in held for p in params)]
-            if missing:
-                raise ValueError(
-                    f"The optimizer given in `optimizers=` does not hold critic {missing[0]}'s parameters "
-                    f"(`trainer.critic_parameters({missing[0]})`): add them, or let the trainer build the optimizer."
-                )
-            return super().create_optimizer(model)
-        # The core builds the agents' groups from the trainable parameters, each keyed by its agent: hide the
-        # critics' from it, then give each critic its own groups at the critics' learning rate.
-        flat = [p for params in owned for p in params]
-        for p in flat:
-            p.requires_grad_(False)
-        try:
-            optimizer = super().create_optimizer(model)
-        finally:
-            for p in flat:
-                p.requires_grad_(True)
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        decay = set(self.get_decay_parameter_names(self.model))
-        defaults = {k: v for k, v in optimizer.param_groups[0].items() if k not in ("params", "agent", "initial_lr")}
-        lr = self.args.critic_lr
-        for k, params in enumerate(owned):
-            with_decay = [p for p in params if names.get(id(p)) in decay]
-            without = [p for p in params if names.get(id(p)) not in decay]
-            for group, weight_decay in ((with_decay, self.args.weight_decay), (without, 0.0)):
-                if group:
-                    optimizer.add_param_group(
-                        {**defaults, "params": group, "weight_decay": weight_decay, "lr": lr, "initial_lr": lr}
-                        | {"critic": k}
+            for k in range(self.num_critics):
+                if any(id(p) not in held for p in self.critic_parameters(k)):
+                    raise ValueError(
+                        f"The optimizer given in `optimizers=` does not hold critic {k}'s parameters "
+                        f"(`trainer.critic_parameters({k})`): add them, or let the trainer build the optimizer."
                     )
-        return optimizer
-
-    def _clip_grad_norm(self, model):
-        self.accelerator.unscale_gradients()
-        max_norm = self.args.max_grad_norm
-        norms = []
-        for i in range(self.num_agents):
-            norm = torch.nn.utils.clip_grad_norm_(self.model.agent_parameters(i), max_norm)
-            if self.num_agents > 1:
-                self._metrics["train"][f"agent_{i}/grad_norm"].append(norm.item())
-            norms.append(norm)
-        for k in range(self.num_critics):
-            norm = torch.nn.utils.clip_grad_norm_(self.critic_parameters(k), max_norm)
-            name = "critic/grad_norm" if self.args.joint_critic else f"{self.agent_metric_prefix(k)}critic_grad_norm"
-            self._metrics["train"][name].append(norm.item())
-            norms.append(norm.to(norms[0].device))
-        return torch.linalg.vector_norm(torch.stack(norms))  # the team's norm, logged as `grad_norm`
+        for k in range(self.num_critics):  # PEFT freezes an adapter critic whenever an agent's adapter is set
+            for p in self.critic_parameters(k):
+                p.requires_grad_(True)
+        return super().create_optimizer(model)
 
     # ------------------------------------------------------------------ saving and loading
 

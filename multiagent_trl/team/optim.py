@@ -1,35 +1,45 @@
-"""One optimizer for the team, a parameter group per agent: per-agent learning rates on Trainer's optimizer."""
+"""One optimizer for the team, parameter groups per agent (and per critic): their own learning rates and clipping."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from accelerate import Accelerator
 
 
-def split_by_agent(
-    optimizer: torch.optim.Optimizer, owners: dict[int, int], learning_rates: Sequence[float] | None
-) -> torch.optim.Optimizer:
-    """Split each of `optimizer`'s parameter groups (Trainer's decay / no decay) into one group per agent, with the
-    agent's learning rate (`learning_rates[i]`, or the group's own); a scheduler then scales every group's rate by
-    the same factor. `owners` maps `id(parameter)` to its agent. Returns `optimizer`, regrouped in place.
+@dataclass
+class ParameterGroup:
+    """Parameters the optimizer and the gradient clipping treat apart: an agent's, or a critic's."""
+
+    params: list[torch.nn.Parameter]
+    lr: float | None  # its learning rate; `None`: Trainer's
+    metric: str  # its gradient norm's metric name
+    tags: dict = field(default_factory=dict)  # written into its optimizer groups (`{"agent": i}`)
+
+
+def split_by_owner(optimizer: torch.optim.Optimizer, groups: Sequence[ParameterGroup]) -> torch.optim.Optimizer:
+    """Split each of `optimizer`'s parameter groups (Trainer's decay / no decay) into one group per owner in `groups`,
+    with the owner's learning rate (or the group's own) and tags; a scheduler then scales every group's rate by the
+    same factor. Returns `optimizer`, regrouped in place.
 
     >>> a, b = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
     >>> opt = torch.optim.AdamW([*a.parameters(), *b.parameters()], lr=1.0)
-    >>> owners = {**{id(p): 0 for p in a.parameters()}, **{id(p): 1 for p in b.parameters()}}
-    >>> [group["lr"] for group in split_by_agent(opt, owners, [0.1, 0.2]).param_groups]
-    [0.1, 0.2]
+    >>> owners = [ParameterGroup(list(a.parameters()), 0.1, "a"), ParameterGroup(list(b.parameters()), None, "b")]
+    >>> [group["lr"] for group in split_by_owner(opt, owners).param_groups]
+    [0.1, 1.0]
     """
-    groups = []
+    owner = {id(p): k for k, group in enumerate(groups) for p in group.params}
+    regrouped = []
     for group in optimizer.param_groups:
-        for i in sorted(set(owners.values())):
-            params = [p for p in group["params"] if owners[id(p)] == i]
+        for k, owned in enumerate(groups):
+            params = [p for p in group["params"] if owner[id(p)] == k]
             if params:
-                lr = learning_rates[i] if learning_rates is not None else group["lr"]
-                groups.append({**group, "params": params, "lr": lr, "initial_lr": lr, "agent": i})
+                lr = owned.lr if owned.lr is not None else group["lr"]
+                regrouped.append({**group, "params": params, "lr": lr, "initial_lr": lr, **owned.tags})
     optimizer.param_groups.clear()
-    for group in groups:
+    for group in regrouped:
         optimizer.add_param_group(group)
     return optimizer
 
