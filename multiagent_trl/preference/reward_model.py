@@ -1,0 +1,191 @@
+"""MARLHF's joint reward model, as CoMLRL 1.4.3 defines it: a causal LM backbone with a scalar head that reads one
+text holding every agent's prompt and response.
+
+- Text (`joint_text`): a title line, then for each agent (numbered from 1) its prompt and its response, blocks joined
+  by blank lines.
+- Score: the backbone's last hidden state at each row's last attended token, through `nn.Linear(hidden, 1)` (with a
+  bias, PyTorch's default init, in the backbone's dtype and device).
+- Training: `bradley_terry_loss` on the scores of the winner's and the loser's joint texts (`multiagent_trl.preference
+  .losses`), the texts tokenized with padding and truncation at `max_length`, no end token added.
+
+Beyond CoMLRL: the forward passes `position_ids` counted over the attended tokens, so a left-padded row scores as it
+does unpadded. CoMLRL passes none, which shifts a left-padded row's positions: harmless for rotary backbones (Qwen,
+Llama see only offsets), not for absolute-position ones (GPT-2). The scorer pads on the right whatever the tokenizer's
+side. `save_pretrained` / `from_pretrained` keep the model (CoMLRL never saves it), and
+calling the model on `(prompts, completions)` makes it a joint reward function for the team trainer's `reward_funcs`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+REWARD_HEAD_FILE = "reward_head.pt"  # next to the backbone's files
+
+
+def _as_text(value) -> str:
+    """Plain text as it is; a conversation (a list of messages) as `role: content` lines."""
+    if isinstance(value, str):
+        return value
+    return "\n".join(f"{message.get('role', 'user')}: {message.get('content', '')}" for message in value)
+
+
+def joint_text(prompts: Sequence, completions: Sequence) -> str:
+    """The text the joint reward model reads for one joint sample (CoMLRL's MARLHF text, agents numbered from 1).
+
+    Args:
+        prompts: Agent i's prompt at index i (text or a list of messages).
+        completions: Agent i's completion at index i; the longer of the two sets the agent count, a missing entry is
+            empty.
+
+    >>> print(joint_text(["Write.", "Review."], ["Draft", "OK"]))
+    Joint multi-agent response
+    <BLANKLINE>
+    Agent 1 prompt:
+    Write.
+    <BLANKLINE>
+    Agent 1 response:
+    Draft
+    <BLANKLINE>
+    Agent 2 prompt:
+    Review.
+    <BLANKLINE>
+    Agent 2 response:
+    OK
+    """
+    blocks = ["Joint multi-agent response"]
+    for i in range(max(len(prompts), len(completions))):
+        prompt = _as_text(prompts[i]) if i < len(prompts) else ""
+        completion = _as_text(completions[i]) if i < len(completions) else ""
+        blocks += [f"Agent {i + 1} prompt:\n{prompt}", f"Agent {i + 1} response:\n{completion}"]
+    return "\n\n".join(blocks)
+
+
+def _hidden_size(config) -> int:
+    for name in ("hidden_size", "n_embd", "d_model"):
+        if getattr(config, name, None):
+            return int(getattr(config, name))
+    raise ValueError(f"Cannot read the hidden size of a {type(config).__name__}: no hidden_size, n_embd or d_model.")
+
+
+class JointRewardModel(nn.Module):
+    """A causal LM with a scalar reward head over one joint text per row.
+
+    Args:
+        backbone: A causal LM (`AutoModelForCausalLM`); its last hidden state feeds the head.
+        tokenizer: Its tokenizer, for scoring texts (`score`, `__call__`); a missing pad token is set to the end token.
+        freeze_backbone: Train the head only (CoMLRL's `reward_freeze_backbone`).
+        max_length: Truncate texts to this many tokens (CoMLRL's `reward_max_length`; `None`: the tokenizer's limit),
+            on the tokenizer's `truncation_side`.
+
+    The head is built first, with one `nn.Linear(hidden, 1)`, so that under the same torch seed its initial weights
+    are CoMLRL's.
+
+    Example:
+        >>> from multiagent_trl.testing import tiny_model_path
+        >>> path = tiny_model_path()
+        >>> model = JointRewardModel(AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path))
+        >>> len(model(prompts=[("Hi", "Hi")], completions=[("a", "b")]))
+        1
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        freeze_backbone: bool = False,
+        max_length: int | None = None,
+    ):
+        super().__init__()
+        self.backbone = backbone
+        self.reward_head = nn.Linear(_hidden_size(backbone.config), 1)
+        weight = next(backbone.parameters())
+        self.reward_head.to(device=weight.device, dtype=weight.dtype)
+        if freeze_backbone:
+            self.backbone.requires_grad_(False)
+        if tokenizer is not None and tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.__name__ = "joint_reward_model"  # TRL names reward functions by __name__ in its metrics
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """`(B,)` scores of `(B, T)` token rows, read at each row's last attended token (either padding side)."""
+        position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T): left padding scores as none
+        outputs = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            output_hidden_states=True,
+            use_cache=False,
+        )
+        hidden = outputs.hidden_states[-1]  # (B, T, H)
+        positions = torch.arange(attention_mask.shape[1], device=hidden.device).expand_as(attention_mask)  # (B, T)
+        last = positions.masked_fill(attention_mask == 0, 0).max(dim=1).values  # (B,)
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
+        return self.reward_head(pooled).squeeze(-1)  # (B,)
+
+    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Token rows for `texts`, padded on the right, truncated at `max_length`, on the model's device."""
+        if self.tokenizer is None:
+            raise ValueError("This JointRewardModel has no tokenizer: pass one to score texts.")
+        encoded = self.tokenizer(
+            list(texts),
+            padding=True,
+            padding_side="right",
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
+        )
+        device = self.reward_head.weight.device
+        return {"input_ids": encoded["input_ids"].to(device), "attention_mask": encoded["attention_mask"].to(device)}
+
+    def score(self, texts: Sequence[str]) -> torch.Tensor:
+        """`(B,)` scores of joint texts, with gradients when the model trains (the Bradley-Terry step)."""
+        return self(**self.tokenize(texts))
+
+    def __call__(self, *args, prompts: Sequence | None = None, completions: Sequence | None = None, **kwargs):
+        """As a module, `forward`; as a reward function (`prompts=`, `completions=` given), the list of scores.
+
+        In the team trainer's convention `prompts[j]` and `completions[j]` hold every agent's prompt and completion of
+        joint sample j; the scores are raw, without gradient (CoMLRL's MARLHF rewards).
+        """
+        if completions is None:
+            return super().__call__(*args, **kwargs)
+        if prompts is None or len(prompts) != len(completions):
+            raise ValueError("A joint reward model needs one tuple of agents' prompts per tuple of completions.")
+        with torch.no_grad():
+            scores = self.score([joint_text(p, c) for p, c in zip(prompts, completions)])
+        return scores.float().tolist()
+
+    def save_pretrained(self, directory: str) -> None:
+        """Write the backbone (and tokenizer) with their `save_pretrained` and the head to `reward_head.pt`."""
+        os.makedirs(directory, exist_ok=True)
+        self.backbone.save_pretrained(directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(directory)
+        state = {k: v.detach().cpu() for k, v in self.reward_head.state_dict().items()}
+        torch.save(state, os.path.join(directory, REWARD_HEAD_FILE))
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str, freeze_backbone: bool = False, max_length: int | None = None, **model_kwargs
+    ) -> JointRewardModel:
+        """Load what `save_pretrained` wrote; `model_kwargs` go to `AutoModelForCausalLM.from_pretrained`.
+
+        A folder without `reward_head.pt` (a plain causal LM, as MARLHF starts from) gets a fresh head.
+        """
+        backbone = AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = cls(backbone, tokenizer, freeze_backbone=freeze_backbone, max_length=max_length)
+        head_file = os.path.join(path, REWARD_HEAD_FILE)
+        if os.path.isfile(head_file):
+            model.reward_head.load_state_dict(torch.load(head_file, map_location="cpu", weights_only=True))
+        return model
+
+
+__all__ = ["REWARD_HEAD_FILE", "JointRewardModel", "joint_text"]
