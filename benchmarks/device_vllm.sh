@@ -49,7 +49,7 @@ if (($? == 124)); then
 fi
 import_steps vllm || { record vllm "skipped: vLLM does not import (imports.txt)"; exit 0; }
 # OUT: vllm_device.py writes its table to $OUT/vllm_device.md
-step "vllm benchmark" "${VLLM_LIMIT:-480}" vllm.txt env OUT="$RESULTS_DIR" "$PYTHON" benchmarks/vllm_device.py --size "$SIZE" $BF16 \
-    --prompts "$PROMPTS" --generations "$GENERATIONS" --tokens "$TOKENS" --rounds "$ROUNDS" --rows $ROWS \
-    ${RESULTS:+--results "$RESULTS"} ${EXTRA:-}
+step "vllm benchmark" "${VLLM_LIMIT:-480}" vllm.txt env OUT="$RESULTS_DIR" "$PYTHON" benchmarks/vllm_device.py \
+    --size "$SIZE" $BF16 --prompts "$PROMPTS" --generations "$GENERATIONS" --tokens "$TOKENS" --rounds "$ROUNDS" \
+    --rows $ROWS ${RESULTS:+--results "$RESULTS"} ${EXTRA:-}
 exit 0
