@@ -52,7 +52,7 @@ step() {
             record "$name" "skipped: ${left} s of the budget left"
             return 125
         fi
-        ((limit > left)) && limit=$left
+        if ((limit > left)); then limit=$left; fi
     fi
     printf '\n== %s (limit %s s, %s)\n' "$name" "$limit" "$(date -u +%FT%TZ)" >>"$file"
     start=$(date +%s)
@@ -112,7 +112,7 @@ if sys.argv[1] == "torch":
                 >>"$RESULTS_DIR/imports.txt"
             return 124
         fi
-        ((status != 0)) && rc=1
+        if ((status != 0)); then rc=1; fi
     done
     return $rc
 }
