@@ -203,7 +203,7 @@ def unsharded(model: nn.Module) -> Iterator[None]:
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     # What each unit does after forward (Accelerate sets it per unit: layers reshard, the tail and root do not). The
     # public setter takes one bool for all of a unit's groups; the value set is kept on its groups.
-    saved = [[g.post_forward_mesh_info for g in m._get_fsdp_state()._fsdp_param_groups] for m in units]
+    saved = [[g.post_forward_mesh_info for g in _param_groups(m)] for m in units]
     for m in units:
         m.set_reshard_after_forward(False, recurse=False)
         m.unshard()
@@ -212,8 +212,17 @@ def unsharded(model: nn.Module) -> Iterator[None]:
     finally:
         for m, infos in zip(units, saved):
             m.reshard()
-            for group, info in zip(m._get_fsdp_state()._fsdp_param_groups, infos):
+            for group, info in zip(_param_groups(m), infos):
                 group.post_forward_mesh_info = info
+
+
+def _param_groups(unit: nn.Module) -> list:
+    """An FSDP unit's parameter groups: a list from torch 2.12 on (`_fsdp_param_groups`); torch 2.11 keeps one group
+    or none (`_fsdp_param_group`)."""
+    state = unit._get_fsdp_state()
+    if hasattr(state, "_fsdp_param_groups"):
+        return state._fsdp_param_groups
+    return [] if state._fsdp_param_group is None else [state._fsdp_param_group]
 
 
 def prepare_reference(model: nn.Module, accelerator: Accelerator) -> nn.Module:
