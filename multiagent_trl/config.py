@@ -19,7 +19,7 @@ JOINT_MODES = ("aligned", "cross")
 GENERATION_MODES = ("batched", "per_agent")
 ADVANTAGE_BASELINES = ("mean", "none", "max", "leave_one_out")
 # GRPOConfig fields that take one value for all agents or a list with one value per agent. Each agent's value is
-# resolved once into its view (`agent_state.settings_state`); TRL's code then reads a plain value, as for one policy.
+# resolved once into its view (`team.views.settings_state`); TRL's code then reads a plain value, as for one policy.
 AGENT_SETTINGS = (
     "temperature",
     "top_p",
@@ -92,7 +92,7 @@ class MultiAgentGRPOConfig(GRPOConfig):
             later success can return more than an early one.
         max_rollout_completions (`int`, *optional*, defaults to `4096`):
             The most completions one agent may generate for one generation batch on one process, counted before
-            training with no early termination (`rollout_tree.tree_completions`); a larger rollout raises at
+            training with no early termination (`rollout.tree.tree_completions`); a larger rollout raises at
             construction, naming what to lower.
         cross_credit (`str`, *optional*, defaults to `"mean"`):
             With `joint_mode="cross"`: how a completion's credit is formed from the G^(N-1) tuples that hold it,

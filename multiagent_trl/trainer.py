@@ -206,7 +206,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self.beta = betas[0]
         self.num_agents = num_agents
 
-        # 4. Each agent's own state (see `agent_state`), then "the model" that Trainer and Accelerate see: the team.
+        # 4. Each agent's own state (see `team.views`), then "the model" that Trainer and Accelerate see: the team.
         if shared_base:
             models, ref_models = models * num_agents, ref_models * num_agents
             processing_classes = [self.processing_class] * num_agents
@@ -258,7 +258,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     @contextmanager
     def _agent_view(self, index: int) -> Iterator[None]:
-        """Run TRL code as if agent `index` were the only policy: its `agent_state.PER_AGENT` values are swapped in
+        """Run TRL code as if agent `index` were the only policy: its `team.views.PER_AGENT` values are swapped in
         (and its updates to them kept when the block ends), and the team routes `forward`/`generate` to it."""
         view = self._agent_views[index]
         saved = {name: getattr(self, name) for name in view}

@@ -53,7 +53,7 @@ class EvalRecorder:
         self.trajectories = EvalTrajectories(num_agents)
 
     def record(self, levels: list[Level], episode_paths: list[list[tuple[int, int, int]]]) -> None:
-        """Record one batch's trajectories, one per path (`rollout_tree.paths`; gathered across processes, in
+        """Record one batch's trajectories, one per path (`rollout.tree.paths`; gathered across processes, in
         order): its row, and at every turn it played each agent's prompt and completion and the joint reward."""
         record, num_agents = self.trajectories, self.trajectories.num_agents
         local = []

@@ -70,7 +70,7 @@ class Level:
     returns: torch.Tensor | None = None  # (nodes, samples, A), from `returns`
     # What was played, filled by the trainer: each agent's rows and rollout, and the scores of every process.
     agent_rows: list[list[dict]] | None = None  # (agents, nodes * width)
-    rollouts: list | None = None  # (agents,) `rollouts.Rollout`
+    rollouts: list | None = None  # (agents,) `rollout.replay.Rollout`
     rewards_per_func: torch.Tensor | None = None  # (processes * nodes * samples, F), gathered; NaN: not scored
     joint: torch.Tensor | None = None  # (processes * nodes * samples,), gathered, after the reward processor
     extras: dict[str, list] = field(default_factory=dict)  # `log_extra` columns, gathered

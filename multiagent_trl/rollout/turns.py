@@ -1,6 +1,6 @@
 """Multi-turn episodes: the transition between turns, turn names in metrics, and the episode table.
 
-The rollout's shape (tree or linear trajectories), its returns and its credit are plain data in `rollout_tree`.
+The rollout's shape (tree or linear trajectories), its returns and its credit are plain data in `rollout.tree`.
 
 An episode runs `num_turns` turns. After turn t, `external_transition` reads what the agents answered and returns
 each agent's prompt for turn t + 1 (feedback from a checker, test results, the other agent's answer). Two calling
@@ -171,7 +171,7 @@ def turn_prefix(turn: int) -> str:
 def completion_rows(
     levels: list[Level], advantages: list[list[float]], reward_names: list[str], process_index: int
 ) -> list[dict[str, Any]]:
-    """This process's rows of the completions table, one per root sample following its path (`rollout_tree.paths`;
+    """This process's rows of the completions table, one per root sample following its path (`rollout.tree.paths`;
     in cross mode the tuple `(k, ..., k)`): `prompt` (agent 0's), `completion` (the agents' side by side, every turn
     with several turns), `advantage` (agent 0's), `rewards` and `extra` columns. One turn: each reward function's
     value, each agent's completion and advantage, and the `log_extra` columns. Several turns: the path's `return`,

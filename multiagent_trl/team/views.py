@@ -130,14 +130,14 @@ SHARED: dict[str, str] = {
 }
 
 # TRL's single-policy vLLM backend, which a team never builds (TRL is set up with `use_vllm=False`): the team's
-# engines and their sync are `vllm_engine.TeamEngine`'s. The trainer turns `use_vllm` on only around TRL's scoring
+# engines and their sync are `vllm.engine.TeamEngine`'s. The trainer turns `use_vllm` on only around TRL's scoring
 # and loss, so that TRL's importance-sampling correction (read from the config's fields) runs for each agent.
 UNUSED_BY_TEAMS: dict[str, str] = {
-    "use_vllm": "vLLM (the team's engines: vllm_engine)",
-    "vllm_generation": "vLLM (the team's engines: vllm_engine)",
-    "vllm_mode": "vLLM (the team's engines: vllm_engine)",
-    "vllm_gpu_memory_utilization": "vLLM (the team's engines: vllm_engine)",
-    "vllm_tensor_parallel_size": "vLLM (the team's engines: vllm_engine)",
+    "use_vllm": "vLLM (the team's engines: vllm.engine)",
+    "vllm_generation": "vLLM (the team's engines: vllm.engine)",
+    "vllm_mode": "vLLM (the team's engines: vllm.engine)",
+    "vllm_gpu_memory_utilization": "vLLM (the team's engines: vllm.engine)",
+    "vllm_tensor_parallel_size": "vLLM (the team's engines: vllm.engine)",
     "vllm_importance_sampling_correction": "vLLM importance sampling, the same for every agent",
     "vllm_importance_sampling_mode": "vLLM importance sampling, the same for every agent",
     "vllm_importance_sampling_clip_max": "vLLM importance sampling, the same for every agent",

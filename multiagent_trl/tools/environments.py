@@ -2,7 +2,7 @@
 
 TRL's `GRPOTrainer` keeps one policy's tools in its attributes (`tools`, the per-rollout tool dicts, the environment
 pool, ...) and runs its tool-calling loop (`_tool_call_loop`) inside `_generate`. A team trainer generates for each
-agent inside that agent's *view* (see `agent_state`), so giving every agent its own values of those attributes
+agent inside that agent's *view* (see `team.views`), so giving every agent its own values of those attributes
 (`TOOL_STATE`) is enough for TRL's parser and loop to run per agent, with the agent's tokenizer, tools and
 `max_tool_calling_iterations`, and to mask the tool results out of the agent's loss (`tool_mask`).
 
@@ -56,7 +56,7 @@ TOOL_HOST_STATE = (
     "reward_weights",
 )
 
-# TRL's tool and environment attributes, each agent's own in a team (`agent_state.PER_AGENT` includes them).
+# TRL's tool and environment attributes, each agent's own in a team (`team.views.PER_AGENT` includes them).
 TOOL_STATE: dict[str, str] = {
     "tools": "the agent's tools (its standalone tools and its environment's methods)",
     "_standalone_tools": "the agent's tools that are not an environment's methods",

@@ -88,7 +88,7 @@ def _as_list(value) -> list:
 class TeamServers:
     """The servers that generate for a team: one with every agent's adapter (a LoRA team), or one per agent.
 
-    The same interface as `vllm_engine.TeamEngine` (`generate`, `sync`, `uses_lora`, `close`).
+    The same interface as `vllm.engine.TeamEngine` (`generate`, `sync`, `uses_lora`, `close`).
 
     Args:
         team: The trainer's team (`LoraAgentTeam` or `AgentTeam`).
