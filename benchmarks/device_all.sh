@@ -8,7 +8,7 @@
 #   bash benchmarks/device_all.sh                   # on the GPU machine, from the repository root, the wheelhouse
 #                                                   # in ./wheelhouse (python benchmarks/wheelhouse.py builds it)
 #   BUDGET=540 bash benchmarks/device_all.sh        # inside a 10-minute slot, with a minute to spare
-#   SIZE=qwen2.5-0.5b-mini BF16= THREADS=1 ROUNDS=1 PATHS="plain continuous_batching" BUDGET=900 \
+#   SIZE=qwen2.5-0.5b-mini BF16= THREADS=1 ROUNDS=1 EPOCH_ROUNDS=1 PATHS="plain continuous_batching" \
 #       unshare -n bash benchmarks/device_all.sh    # rehearsed on a CPU without network, with the CPU shapes
 #
 # Every step's time limit is capped by what is left of the budget, and a step left with under MIN_STEP (20) seconds
