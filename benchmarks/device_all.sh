@@ -9,7 +9,9 @@
 #                                                   # in ./wheelhouse (python benchmarks/wheelhouse.py builds it)
 #   BUDGET=540 bash benchmarks/device_all.sh        # inside a 10-minute slot, with a minute to spare
 #   SIZE=qwen2.5-0.5b-mini BF16= THREADS=1 ROUNDS=1 EPOCH_ROUNDS=1 PATHS="plain continuous_batching" \
-#       unshare -n bash benchmarks/device_all.sh    # rehearsed on a CPU without network, with the CPU shapes
+#       EPOCH_LIMIT=900 BUDGET=1500 unshare -n bash benchmarks/device_all.sh
+#                                                   # rehearsed on a CPU without network, with the CPU shapes (CoMLRL's
+#                                                   # epoch on Qwen's vocabulary takes minutes on one CPU thread)
 #
 # Every step's time limit is capped by what is left of the budget, and a step left with under MIN_STEP (20) seconds
 # is skipped, so the script ends within BUDGET plus a few seconds of clean-up; whatever it is stopped by, every step
