@@ -31,6 +31,7 @@ from torch import nn
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
+from ..rewards.joint import weighted_sum
 from ..team.optim import ParameterGroup
 from ..trainer import MultiAgentGRPOTrainer
 from .config import ActorCriticConfig
@@ -375,7 +376,7 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
                 ids, mask, positions = self._agent_critic_inputs(output)
                 old = self._rollout_values(i, ids, mask, positions)
                 output["critic_positions"] = positions
-            target_all = _weighted_sum(credited[i].to(device), weights.to(device))  # (rows of every process,)
+            target_all = weighted_sum(credited[i].to(device), weights)  # (rows of every process,)
             old_all = self.accelerator.gather(old)
             advantage = advantages(target_all, old_all, normalize=self.args.advantage_normalization)
             output["advantages"] = advantage[start : start + rows].to(device)
@@ -665,10 +666,3 @@ def _as_text(value, tokenizer, prompt: bool = False) -> str:
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=prompt)
     return "\n".join(str(message.get("content", "")) for message in value)
-
-
-def _weighted_sum(columns: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """`(rows, F) -> (rows,)`: the weighted sum of the reward columns; NaN where no function scored (as TRL's)."""
-    total = (columns * weights).nansum(dim=1)
-    total[torch.isnan(columns).all(dim=1)] = torch.nan
-    return total

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from datasets import Dataset
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_utils import SaveStrategy
 
@@ -50,6 +49,7 @@ from .reinforce import (
     _CheckpointEveryEpochs,
     _comlrl_batch_size,
     _device_list,
+    training_data,
 )
 
 PARALLEL_TRAINING = ("none", "mp")
@@ -560,9 +560,7 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
         reward = item_reward(reward_func, reward_processor, formatters, args.num_agents, args.num_generations)
         if self.joint_tokenizer_from_agent and kwargs.get("critic_processing_class") is None:
             kwargs["critic_processing_class"] = _first_tokenizer(tokenizer, model)
-        without_train_dataset = train_dataset is None
-        if without_train_dataset:  # CoMLRL builds a trainer without data (to evaluate); TRL needs a dataset
-            train_dataset = Dataset.from_dict({"prompt": []})
+        train_dataset, stand_in = training_data(train_dataset)
         self._batch_rows: list[dict] | None = None
         super().__init__(
             model=model,
@@ -576,7 +574,7 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
             critic_model=critic_models,
             **kwargs,
         )
-        if without_train_dataset:
+        if stand_in:
             self.train_dataset = None
         for i, state in heads.items():
             if args.critic_kind == "head":

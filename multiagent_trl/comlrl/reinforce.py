@@ -451,11 +451,7 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
             callback = _apply_wandb_config(args, wandb_config)
             if callback is not None:
                 kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), callback]
-        # CoMLRL builds a trainer without training data (to evaluate, or in its own tests) and asks for the data only
-        # when training; TRL's GRPOTrainer refuses one at construction. An empty dataset stands in until `train()`.
-        without_train_dataset = train_dataset is None
-        if without_train_dataset:
-            train_dataset = Dataset.from_dict({"prompt": []})
+        train_dataset, stand_in = training_data(train_dataset)
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -468,7 +464,7 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
             external_transition=external_transition,
             **kwargs,
         )
-        if without_train_dataset:
+        if stand_in:
             self.train_dataset = None
         self.model_name = model if isinstance(model, str) else getattr(self.model.config, "_name_or_path", None)
         sections = (wandb_config or {}).get("config_sections") or {}
@@ -648,6 +644,15 @@ class MARLOOTrainer(MAGRPOTrainer):
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
+
+
+def training_data(train_dataset):
+    """`(dataset, stand_in)`: `train_dataset`, or an empty stand-in when there is none. CoMLRL builds a trainer without
+    training data (to evaluate, or in its own tests) and asks for the data only when training; TRL's GRPOTrainer
+    refuses one at construction, so the stand-in serves until the trainer resets `train_dataset` to `None`."""
+    if train_dataset is not None:
+        return train_dataset, False
+    return Dataset.from_dict({"prompt": []}), True
 
 
 def _one_of(name: str, value, alias: str, alias_value):
