@@ -281,14 +281,6 @@ def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
 
 
-def load_full_state_dict(module: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
-    """Load a full state dict into a sharded module (each process keeps its shards), as `load_state_dict` does for a
-    plain one."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=False))
-
-
 def load_checkpoint(accelerator: Accelerator, team: nn.Module, folder: str) -> None:
     """Resume a sharded team from a Trainer checkpoint: the team's state as the Trainer saved it for FSDP
     (`pytorch_model_fsdp*`, written with the optimizer's), loaded into every process's shards."""

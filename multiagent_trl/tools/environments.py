@@ -496,9 +496,4 @@ def _environment_reward(shared: bool, names: list[str], num_agents: int) -> Call
     return bind_reward(environment_reward, num_agents)
 
 
-def agent_tool_names(views: list[dict[str, Any]]) -> list[list[str]]:
-    """The names of each agent's tools, e.g. for a log line."""
-    return [[t.__name__ for t in view["tools"]] for view in views]
-
-
 __all__: Sequence[str] = ("TeamTools", "TOOL_STATE", "REPLAY_STATE", "SharedEnvironment", "shared_environment")
