@@ -17,7 +17,7 @@ import pytest
 import torch
 from datasets import Dataset
 from peft import PeftModel
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from multiagent_trl import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from multiagent_trl.actor_critic.config import ActorCriticConfig
@@ -683,6 +683,49 @@ def test_checkpoints_hold_the_critics_and_resume(tmp_path, tiny_path, prompts_da
     for ours, saved in zip(resumed.critics, trainer.critics):
         for (name, p), q in zip(ours.named_parameters(), saved.parameters()):
             torch.testing.assert_close(p, q, msg=name)
+
+
+def comlrl_iac(tmp_path, tiny_path, epochs: int = 1):
+    args = IACConfig(
+        num_turns=1,
+        num_generations=2,
+        rollout_buffer_size=4,
+        max_new_tokens=4,
+        num_train_epochs=epochs,
+        agent_learning_rate=1e-3,
+        eval_interval=0,
+        report_to="none",
+        output_dir=str(tmp_path / "run"),
+    )
+    dataset = Dataset.from_dict({"prompt": PROMPTS * 2})
+    return IACTrainer(
+        agent_model=tiny_path, critic_model=tiny_path, reward_func=parity_reward, args=args, train_dataset=dataset
+    )
+
+
+def test_save_checkpoint_and_load_checkpoint_continue_training(tmp_path, tiny_path):
+    """CoMLRL's `save_checkpoint(dir)` / `load_checkpoint(dir)`: the weights, optimizer and progress come back, and
+    the next `train()` continues from the saved step."""
+    trainer = comlrl_iac(tmp_path, tiny_path)
+    trainer.train()
+    saved = trainer.save_checkpoint(str(tmp_path / "snapshot"))
+    assert {"optimizer.pt", "trainer_state.json"} <= set(os.listdir(saved))
+    with pytest.raises(FileExistsError, match="not a checkpoint"):
+        trainer.save_checkpoint(str(tmp_path))  # a folder that holds other things
+    assert trainer.save_checkpoint(saved) == saved  # a checkpoint is replaced
+
+    resumed = comlrl_iac(tmp_path, tiny_path, epochs=2)
+    progress = resumed.load_checkpoint(saved)
+    assert progress == {"global_step": 2, "epoch": 1.0}
+    for ours, theirs in zip([*resumed.model.agents, *resumed.critics], [*trainer.model.agents, *trainer.critics]):
+        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+            torch.testing.assert_close(p, q, msg=name)
+    steps = []
+    resumed.add_callback(type("Count", (TrainerCallback,), {"on_step_end": lambda self, *a, **k: steps.append(1)})())
+    resumed.train()
+    assert (resumed.state.global_step, len(steps)) == (4, 2)  # two more steps: the second epoch only
+    adam = resumed.optimizer.state_dict()["state"]
+    assert min(int(v["step"]) for v in adam.values()) == 4  # the saved Adam moments went on
 
 
 def test_gradient_accumulation_matches_the_full_batch(tmp_path, tiny_path, prompts_dataset):

@@ -519,6 +519,9 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
     # CoMLRL's `trainer.verbose` and its evaluation order (dataset order), as the MAGRPO port has them.
     verbose = MAGRPOTrainer.verbose
     _get_eval_sampler = MAGRPOTrainer._get_eval_sampler
+    pending_checkpoint = MAGRPOTrainer.pending_checkpoint
+    save_checkpoint = MAGRPOTrainer.save_checkpoint
+    load_checkpoint = MAGRPOTrainer.load_checkpoint
 
     def __init__(
         self,
@@ -778,6 +781,8 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
                 cb for cb in self.callback_handler.callbacks if not isinstance(cb, _CheckpointEveryEpochs)
             ]
             self.add_callback(_CheckpointEveryEpochs(checkpoint_interval))
+        if resume_from_checkpoint is None:  # `load_checkpoint` asked for this one
+            resume_from_checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
         return super().train(resume_from_checkpoint=resume_from_checkpoint)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
