@@ -2,6 +2,7 @@
 
 from .actor_critic import ActorCriticConfig, ActorCriticTrainer
 from .comlrl.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from .comlrl.preference import MADPOConfig, MADPOTrainer
 from .comlrl.reinforce import (
     MAGRPOConfig,
     MAGRPOTrainer,
@@ -13,6 +14,7 @@ from .comlrl.reinforce import (
     MARLOOTrainer,
 )
 from .config import MultiAgentGRPOConfig
+from .preference import MultiAgentDPOConfig, MultiAgentDPOTrainer
 from .rewards.joint import RewardProcessor, RewardProcessors
 from .rewards.sandbox import ExecutionResult, Sandbox
 from .team.modules import AgentTeam
@@ -30,6 +32,8 @@ __all__ = [
     "IACTrainer",
     "MAACConfig",
     "MAACTrainer",
+    "MADPOConfig",
+    "MADPOTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",
@@ -38,6 +42,8 @@ __all__ = [
     "MAReMaxTrainer",
     "MARLOOConfig",
     "MARLOOTrainer",
+    "MultiAgentDPOConfig",
+    "MultiAgentDPOTrainer",
     "MultiAgentGRPOConfig",
     "MultiAgentGRPOTrainer",
     "RewardProcessor",

@@ -1,7 +1,8 @@
-"""CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`) and
-the actor-critic family (`actor_critic`)."""
+"""CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`), the
+actor-critic family (`actor_critic`) and MADPO (`preference`)."""
 
 from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from .preference import MADPOConfig, MADPOTrainer
 from .reinforce import (
     COMLRL_TWINS,
     MAGRPOConfig,
@@ -20,6 +21,8 @@ __all__ = [
     "IACTrainer",
     "MAACConfig",
     "MAACTrainer",
+    "MADPOConfig",
+    "MADPOTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",
