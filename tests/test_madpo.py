@@ -218,12 +218,18 @@ def test_native_trainer_trains_every_agent_and_saves(tmp_path, lora, reference_f
     assert {f"agent_{i}/{name}" for i in range(2) for name in names} <= set(logged)
     assert {"pairs/count", "pairs/trained", "rewards/joint_margins"} <= set(logged)
     assert logged["pairs/count"] <= 2 * 3 * 2  # 2 prompts per generation batch, 3 pairs each, 2 agents' rows shared
-    if not reference_free:  # against the starting policy: no reward margin before the first update
+    ids = torch.tensor([[45, 64, 76, 68]])
+    if not reference_free and not lora:  # against the starting policy: no reward margin before the first update
         assert logged["rewards/joint_margins"] == pytest.approx(0.0, abs=1e-5)
         assert trainer.state.log_history[1]["rewards/joint_margins"] > 0  # after one DPO step, winners gained
+    if lora:  # the reference of a LoRA agent is the base with the adapters disabled (TRL's DPO convention)
+        module, context = trainer._reference_context(1)
+        with torch.no_grad(), context:
+            reference = module(input_ids=ids.to(trainer.accelerator.device)).logits.cpu()
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+        torch.testing.assert_close(reference, base(input_ids=ids).logits.detach())
 
     trainer.save_model(str(tmp_path / "final"))
-    ids = torch.tensor([[45, 64, 76, 68]])
     for i in range(2):
         folder = str(tmp_path / "final" / f"agent_{i}")
         if lora:

@@ -235,6 +235,11 @@ class MADPOConfig(MultiAgentDPOConfig):
             value = getattr(self, name)
             if value is not None and value < minimum:
                 raise ValueError(f"`{name.removeprefix('comlrl_')}` must be at least {minimum}, got {value}.")
+        if self.preference_pairs_per_sample is not None and self.preference_pairs_per_sample < 1:
+            raise ValueError(
+                f"`preference_pairs_per_sample` must be at least 1, or None for no limit; got "
+                f"{self.preference_pairs_per_sample}."
+            )
         if self.comlrl_train_batch_size is not None and self.comlrl_train_batch_size < 1:
             raise ValueError(f"`train_batch_size` must be at least 1 (or None), got {self.comlrl_train_batch_size}.")
         parallel = str(self.parallel_training or "none").strip().lower()
