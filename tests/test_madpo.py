@@ -252,6 +252,58 @@ def test_equal_rewards_raise_no_preference_pair(tmp_path):
         trainer.train()
 
 
+DDP_SCRIPT = """
+import json, sys
+from datasets import Dataset
+from multiagent_trl import MultiAgentDPOConfig, MultiAgentDPOTrainer
+from multiagent_trl.testing import tiny_model_path
+
+out_dir = sys.argv[1]
+args = MultiAgentDPOConfig(
+    output_dir=out_dir + "/run", num_agents=2, num_generations=4, per_device_train_batch_size=4,
+    steps_per_generation=2, max_completion_length=6, max_steps=2, learning_rate=1e-2, report_to="none",
+    save_strategy="no", seed=0, preference_pairs_per_sample=3, reference_free=False, logging_steps=1,
+)
+trainer = MultiAgentDPOTrainer(
+    model=tiny_model_path(),
+    reward_funcs=lambda c1, c2: [len(b) / (1 + len(a)) for a, b in zip(c1, c2)],
+    args=args,
+    train_dataset=Dataset.from_dict({"prompt": [f"Row {i}: tell a story." for i in range(8)]}),
+)
+sums = lambda: [[float(p.detach().double().sum()) for p in trainer.model.agent_parameters(i)] for i in range(2)]
+initial = sums()
+trainer.train()
+with open(f"{out_dir}/rank{trainer.accelerator.process_index}.json", "w") as f:
+    json.dump({"initial": initial, "agents": sums(), "logs": trainer.state.log_history}, f)
+"""
+
+
+def test_two_processes_train_the_same_agents(tmp_path):
+    """DDP (two gloo processes on CPU): every process trains the same weights; pair counts are the team's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp_madpo.py"
+    script.write_text(DDP_SCRIPT)
+    tiny_model_path()  # built once, before two processes race to build it
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(script), str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["agents"] == ranks[1]["agents"]
+    for initial, trained in zip(ranks[0]["initial"], ranks[0]["agents"]):
+        assert all(a != b for a, b in zip(initial, trained))
+    first = ranks[0]["logs"][0]
+    # 2 prompts per process, 3 pair slots each: at most 12 pairs over both processes, 6 trained per step.
+    assert 0 < first["pairs/count"] <= 12 and 0 < first["pairs/trained"] <= 6
+    assert first["rewards/joint_margins"] == pytest.approx(0.0, abs=1e-5)  # the reference is the start policy
+
+
 # ---- 3. a CoMLRL MADPO script with only its imports changed
 
 MADPO_SCRIPT = """
@@ -307,6 +359,35 @@ def test_madpo_script_runs_with_only_its_imports_changed(tmp_path, comlrl):
     run_script(MADPO_SCRIPT, {}, tiny_model_path(), str(tmp_path / "theirs"))
     for i in range(2):
         assert (tmp_path / "theirs" / f"agent_{i}" / "config.json").is_file()
+
+
+def test_checkpoints_and_evaluate_as_comlrl_calls_them(tmp_path):
+    args = MADPOConfig(
+        num_train_epochs=1,
+        preference_num_candidates=K,
+        preference_pairs_per_sample=2,
+        max_new_tokens=4,
+        rollout_buffer_size=2,
+        eval_interval=0,
+        eval_num_samples=2,
+        report_to="none",
+        output_dir=str(tmp_path / "out"),
+    )
+    dataset = Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:"]})
+    trainer = MADPOTrainer(
+        agent_model=tiny_model_path(),
+        reward_func=parity_reward,
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=dataset,
+    )
+    trainer.verbose = False
+    trainer.train(checkpoint_dir=str(tmp_path / "checkpoints"), checkpoint_interval=1)
+    checkpoint = tmp_path / "checkpoints" / f"checkpoint-{trainer.state.global_step}"
+    assert (checkpoint / "agent_1" / "config.json").is_file()
+    metrics = trainer.evaluate(num_eval_samples=2)  # CoMLRL's signature: one completion per item, no pair needed
+    assert {"eval_turn_1/reward_mean", "eval_turn_1/expected_return"} <= set(metrics)
+    assert metrics["eval_loss"] == 0.0  # no preference loss in evaluation
 
 
 # ---- 4. the config: CoMLRL's fields, defaults and checks
