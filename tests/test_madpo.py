@@ -415,6 +415,14 @@ def test_every_comlrl_field_is_accepted_with_its_default(comlrl):
     assert config.reference_free and not config.drop_last_token
 
 
+def test_fields_madpo_does_not_read_are_accepted_with_a_warning(caplog):
+    with caplog.at_level("WARNING", logger="multiagent_trl.comlrl.preference"):
+        MADPOConfig(report_to="none")
+        assert not caplog.records
+        MADPOConfig(advantage_mode="rloo", discount=0.9, report_to="none")
+    assert "`discount=0.9`, `advantage_mode='rloo'` have no effect on MADPO" in caplog.text
+
+
 BAD = [
     (dict(pair_selection="all"), "preference_pairs_per_sample=None"),
     (dict(dpo_beta=0.0), "dpo_beta"),

@@ -35,7 +35,8 @@ Deliberate differences from CoMLRL 1.4.3, and why:
    `rollout_buffer_size * preference_num_candidates` must split evenly into those steps.
 5. `eval_interval` and `logging_steps` count optimizer steps; `use_environment_step` and
    `environment_steps_per_pair` are accepted but only set CoMLRL's W&B x-axis (environment steps = 2 per pair),
-   which TRL's logging does not use.
+   which TRL's logging does not use. They, and MAGRPO's fields that CoMLRL's MADPO never reads (`discount`,
+   `advantage_mode`, ...: `UNUSED_FIELDS`), log a warning when set to anything but their default.
 6. A non-finite loss is not replaced by a constant 0.1 without gradient (CoMLRL's); it reaches TRL's Trainer.
 7. `reference_kl_enabled=True` raises: in CoMLRL's MADPO it loads reference models and never uses them. A frozen
    reference in the DPO loss is `reference_free=False` here.
@@ -47,6 +48,7 @@ Deliberate differences from CoMLRL 1.4.3, and why:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +60,22 @@ from ..preference.config import MultiAgentDPOConfig
 from ..preference.trainer import MultiAgentDPOTrainer
 from .reinforce import PARALLEL_TRAINING, MAGRPOTrainer, _check_accelerate_device, _comlrl_batch_size, _device_list
 
+logger = logging.getLogger(__name__)
+
 COLLABORATION_MODES = ("decentralized", "centralized")
+# MAGRPO's fields that CoMLRL's MADPOConfig accepts and its MADPO never reads (single turn, no advantages, the W&B
+# x-axis), with their defaults: accepted here too, with a warning when set to something else.
+UNUSED_FIELDS = {
+    "discount": 1.0,
+    "early_termination_threshold": None,
+    "external_prompt_passthrough": False,
+    "advantage_normalization": True,
+    "advantage_mode": "mean",
+    "reference_kl_coef": 0.1,
+    "reference_devices": None,
+    "use_environment_step": True,
+    "environment_steps_per_pair": 2,
+}
 
 
 @dataclass
@@ -90,7 +107,7 @@ class MADPOConfig(MultiAgentDPOConfig):
         num_turns (`1`, must stay 1), joint_mode (`"aligned"`, must stay), discount (`1.0`),
         early_termination_threshold (`None`), external_prompt_passthrough (`False`), advantage_normalization
         (`True`), advantage_mode (`"mean"`): MAGRPO's fields, accepted as CoMLRL accepts them; MADPO does not use
-        them.
+        them (a warning when one is set to another value).
         reference_kl_enabled (`False`; `True` raises), reference_kl_coef (`0.1`), reference_devices (`None`):
             CoMLRL's unused reference-KL fields (see difference 7).
         use_environment_step (`True`), environment_steps_per_pair (`2`): CoMLRL's W&B x-axis (difference 5).
@@ -259,6 +276,14 @@ class MADPOConfig(MultiAgentDPOConfig):
             )
         if self.num_turns != 1:
             raise ValueError(f"MADPO supports `num_turns=1` only (as CoMLRL 1.4.3), got {self.num_turns}.")
+        values = {name: getattr(self, name) for name in UNUSED_FIELDS}
+        changed = {name: value for name, value in values.items() if value != UNUSED_FIELDS[name]}
+        if changed:
+            logger.warning(
+                "MADPOConfig: %s have no effect on MADPO, as in CoMLRL 1.4.3 (single turn, no advantages; logging "
+                "counts optimizer steps).",
+                ", ".join(f"`{name}={value!r}`" for name, value in changed.items()),
+            )
 
 
 MADPOConfig.train_batch_size = _comlrl_batch_size("train_batch_size")
