@@ -304,6 +304,17 @@ def test_two_processes_train_the_same_agents(tmp_path):
     assert first["rewards/joint_margins"] == pytest.approx(0.0, abs=1e-5)  # the reference is the start policy
 
 
+def test_custom_rollouts_raise(tmp_path):
+    with pytest.raises(NotImplementedError, match="`rollout_func` are not supported yet"):
+        MultiAgentDPOTrainer(
+            model=tiny_model_path(),
+            reward_funcs=parity_reward,
+            args=native_args(tmp_path),
+            train_dataset=Dataset.from_dict(DATASET),
+            rollout_func=lambda prompts, trainer: {},
+        )
+
+
 # ---- 3. a CoMLRL MADPO script with only its imports changed
 
 MADPO_SCRIPT = """

@@ -120,7 +120,9 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
             peft_config=peft_config,
             **kwargs,
         )
-        if self._team_tools.uses_tools or self.rollout_func is not None:
+        team_tools = self._team_tools  # a team's tools; a team of one hands them to TRL (`tools`, `rollout_func`)
+        custom_rollouts = any(f is not None for f in team_tools.rollout_funcs) or self.rollout_func is not None
+        if team_tools.uses_tools or custom_rollouts or getattr(self, "tools", None):
             raise NotImplementedError(
                 "MADPO scores whole completions written by the agents: tools, environments and `rollout_func` are "
                 "not supported yet. Use MultiAgentGRPOTrainer for tool-using agents."
@@ -208,9 +210,9 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
             return trim_completion(ids, pad) if self.args.drop_last_token else ids
 
         prompts, completions = [], []
-        for side in (1, 2):  # chosen rows, then rejected rows
-            for node, *members in pairs:
-                row = node * width + members[side - 1]
+        for side in SIDES:  # the chosen rows, then the rejected rows
+            for node, winner, loser in pairs:
+                row = node * width + (winner if side == "chosen" else loser)
                 prompts.append(torch.tensor(rollout.prompt_ids[row], dtype=torch.long))
                 completions.append(completion(row))
         input_ids, attention_mask, scored = pack_rows(prompts, completions, pad, self.args.drop_last_token)
