@@ -3,6 +3,7 @@
 from .actor_critic import ActorCriticConfig, ActorCriticTrainer
 from .comlrl.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .comlrl.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+from .comlrl.preference import MADPOConfig, MADPOTrainer
 from .comlrl.reinforce import (
     MAGRPOConfig,
     MAGRPOTrainer,
@@ -14,6 +15,7 @@ from .comlrl.reinforce import (
     MARLOOTrainer,
 )
 from .config import MultiAgentGRPOConfig
+from .preference import MultiAgentDPOConfig, MultiAgentDPOTrainer
 from .rewards.centralized import (
     CentralizedComparatorAdapter,
     CentralizedComparatorParseError,
@@ -40,6 +42,8 @@ __all__ = [
     "IACTrainer",
     "MAACConfig",
     "MAACTrainer",
+    "MADPOConfig",
+    "MADPOTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",
@@ -48,6 +52,8 @@ __all__ = [
     "MAReMaxTrainer",
     "MARLOOConfig",
     "MARLOOTrainer",
+    "MultiAgentDPOConfig",
+    "MultiAgentDPOTrainer",
     "MultiAgentGRPOConfig",
     "MultiAgentGRPOTrainer",
     "RewardProcessor",

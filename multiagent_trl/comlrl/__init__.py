@@ -1,5 +1,6 @@
-"""CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`) and
-the actor-critic family (`actor_critic`), and centralized MAGRPO (`centralized`: one model writes every role)."""
+"""CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`),
+the actor-critic family (`actor_critic`), centralized MAGRPO (`centralized`: one model writes every role) and MADPO
+(`preference`)."""
 
 from ..rewards.centralized import (
     CentralizedComparatorAdapter,
@@ -8,6 +9,7 @@ from ..rewards.centralized import (
 )
 from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+from .preference import MADPOConfig, MADPOTrainer
 from .reinforce import (
     COMLRL_TWINS,
     MAGRPOConfig,
@@ -30,6 +32,8 @@ __all__ = [
     "IACTrainer",
     "MAACConfig",
     "MAACTrainer",
+    "MADPOConfig",
+    "MADPOTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",

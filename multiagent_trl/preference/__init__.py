@@ -1,5 +1,20 @@
-"""The preference family's pure-data core (CoMLRL's MADPO and MARLHF; no trainer yet): pair selection from a joint
-reward (`pairs`), MADPO's joint-factorised DPO loss and the Bradley-Terry reward-model loss (`losses`), and MARLHF's
-joint reward model, a causal LM with a scalar head over every agent's text (`reward_model`). Each is checked against
-CoMLRL 1.4.3's own code in `tests/test_preference_math.py`; the trainers that hold state and call these come next.
+"""The preference family (CoMLRL's MADPO and MARLHF): pair selection from a joint reward (`pairs`), MADPO's
+joint-factorised DPO loss and the Bradley-Terry reward-model loss (`losses`), MARLHF's joint reward model
+(`reward_model`), each checked against CoMLRL 1.4.3's own code in `tests/test_preference_math.py`, and the trainer
+that holds state and calls them: `MultiAgentDPOConfig` / `MultiAgentDPOTrainer` (`config`, `trainer`). CoMLRL's names
+(`MADPOConfig`, `MADPOTrainer`) are in `multiagent_trl.comlrl.preference`.
 """
+
+from .config import MultiAgentDPOConfig
+from .trainer import MultiAgentDPOTrainer
+
+__all__ = ["MADPOConfig", "MADPOTrainer", "MultiAgentDPOConfig", "MultiAgentDPOTrainer"]
+
+
+def __getattr__(name: str):
+    # CoMLRL's names live in `multiagent_trl.comlrl.preference`, which imports this package: loaded on first use.
+    if name in ("MADPOConfig", "MADPOTrainer"):
+        from ..comlrl import preference
+
+        return getattr(preference, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

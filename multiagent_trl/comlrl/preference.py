@@ -1,0 +1,370 @@
+"""CoMLRL compatibility for MADPO: `MADPOConfig`/`MADPOTrainer` with CoMLRL 1.4.3's names, arguments, defaults and
+checks, translated onto `MultiAgentDPOConfig` and `MultiAgentDPOTrainer`.
+
+A CoMLRL MADPO script runs with only its import line changed:
+
+```diff
+-from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
++from multiagent_trl import MADPOConfig, MADPOTrainer
+```
+
+Everything MAGRPO's port does for CoMLRL's arguments is reused (`reinforce.MAGRPOTrainer`): `agent_model` +
+`num_agents` or `agents`, `tokenizer`, `model_config`, `wandb_config`, the reward called once per joint sample as
+CoMLRL calls it (`reward_func([c_0], ..., [c_N-1], batch_items=[item])[0]`, then `reward_processor`), formatters,
+`eval_logger`/`eval_aggregator`, `train(checkpoint_dir=..., checkpoint_interval=...)`, `evaluate(num_eval_samples)`
+and `save_model` (`agent_i/`). CoMLRL's numbers are kept where they are the algorithm: the joint DPO loss with the
+other agents' log-ratios detached and taken before the update, reference-free, log-probabilities at temperature 1,
+CoMLRL's pair selection (strict reward order, stable ties, Python's `random` for `"random"`), AdamW with weight
+decay 0.01 on every parameter, a constant learning rate, no gradient clipping, the dataset in order.
+
+Deliberate differences from CoMLRL 1.4.3, and why:
+
+1. Pairs are drawn from the current policies each generation batch (`rollout_buffer_size` items, K =
+   `preference_num_candidates` candidates each), not once from the initial policies over the whole dataset: the
+   pairs stay on-policy as the agents improve, and the K candidates of the whole dataset need not be held at once.
+   `num_train_epochs` counts passes over the dataset, each one sampling new pairs (CoMLRL: passes over the fixed
+   pair set). TRL's `num_iterations` trains on each generation batch's pairs several times.
+2. The last completion token is scored (the end token, or the last word of a completion cut at `max_new_tokens`);
+   CoMLRL's decentralized MADPO leaves it out, and a one-token completion then has no gradient. `drop_last_token=True`
+   reproduces CoMLRL's scoring (the parity tests use it).
+3. A generation batch without any pair (every candidate of every item got the same reward) raises with the fix;
+   CoMLRL prints a line and trains on nothing.
+4. Batches: a generation batch's pairs (`preference_pairs_per_sample` slots per item, empty slots weighted 0) are
+   shuffled and split into `ceil(rollout_buffer_size * pairs / train_batch_size)` optimizer steps, so a step holds
+   `train_batch_size` pair slots on average (CoMLRL: exactly `train_batch_size` pairs, the last batch shorter).
+   `rollout_buffer_size * preference_num_candidates` must split evenly into those steps.
+5. `eval_interval` and `logging_steps` count optimizer steps; `use_environment_step` and
+   `environment_steps_per_pair` are accepted but only set CoMLRL's W&B x-axis (environment steps = 2 per pair),
+   which TRL's logging does not use. They, and MAGRPO's fields that CoMLRL's MADPO never reads (`discount`,
+   `advantage_mode`, ...: `UNUSED_FIELDS`), log a warning when set to anything but their default.
+6. A non-finite loss is not replaced by a constant 0.1 without gradient (CoMLRL's); it reaches TRL's Trainer.
+7. `reference_kl_enabled=True` raises: in CoMLRL's MADPO it loads reference models and never uses them. A frozen
+   reference in the DPO loss is `reference_free=False` here.
+8. `collaboration_mode="centralized"` (and `centralized_comparator_adapter`) raise `NotImplementedError`: the
+   centralized team (one actor writing every role) is not ported yet.
+9. Evaluation needs no pair: it is MAGRPO's (one completion per item, `eval_turn_1/reward_mean`, ...), and the
+   preference loss is not computed in evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..preference.config import MultiAgentDPOConfig
+from ..preference.trainer import MultiAgentDPOTrainer
+from .reinforce import PARALLEL_TRAINING, MAGRPOTrainer, _check_accelerate_device, _comlrl_batch_size, _device_list
+
+logger = logging.getLogger(__name__)
+
+COLLABORATION_MODES = ("decentralized", "centralized")
+# MAGRPO's fields that CoMLRL's MADPOConfig accepts and its MADPO never reads (single turn, no advantages, the W&B
+# x-axis), with their defaults: accepted here too, with a warning when set to something else.
+UNUSED_FIELDS = {
+    "discount": 1.0,
+    "early_termination_threshold": None,
+    "external_prompt_passthrough": False,
+    "advantage_normalization": True,
+    "advantage_mode": "mean",
+    "reference_kl_coef": 0.1,
+    "reference_devices": None,
+    "use_environment_step": True,
+    "environment_steps_per_pair": 2,
+}
+
+
+@dataclass
+class MADPOConfig(MultiAgentDPOConfig):
+    r"""
+    `MultiAgentDPOConfig` accepting every field of CoMLRL 1.4.3's `MADPOConfig`, with its defaults and checks.
+
+    Parameters:
+        agent_learning_rate (`float`, *optional*, defaults to `5e-6`): maps to `learning_rate`.
+        max_new_tokens (`int`, *optional*, defaults to `256`): maps to `max_completion_length`.
+        preference_num_candidates (`int`, *optional*, defaults to `80`):
+            K, the joint candidates sampled per item (at least 2); maps to `num_generations`.
+        preference_pairs_per_sample (`int` or `None`, defaults to `16`), pair_selection (`"reward_gap"`),
+        dpo_beta (`0.1`): as in `MultiAgentDPOConfig`.
+        rollout_buffer_size (`int`, *optional*, defaults to `2`):
+            Items per generation batch (each with K candidates per agent).
+        train_batch_size (`int` or `None`, *optional*, defaults to `None`):
+            Pairs per optimizer step (`None`: `rollout_buffer_size`); sets `steps_per_generation` (see the module
+            docstring, difference 4). Reading `config.train_batch_size` gives Trainer's property; CoMLRL's value is
+            `config.comlrl_train_batch_size`.
+        temperature, top_p, top_k (defaults `0.6`, `0.6`, `50`): sampling (`top_k=None`: no top-k filtering).
+        num_train_epochs (`20`), num_agents (`2`), logging_steps (`50`): passes over the dataset, agents, log interval
+            in optimizer steps.
+        collaboration_mode (`str`, defaults to `"decentralized"`): `"centralized"` is not supported yet (raises).
+        parallel_training (`"none"`), agent_devices (`None`): `"mp"` puts each agent on its own device.
+        eval_interval (`16`), eval_num_samples (`4`), eval_batch_size (`1`):
+            Evaluate every `eval_interval` optimizer steps and before training, on the first `eval_num_samples` rows,
+            one completion each.
+        num_turns (`1`, must stay 1), joint_mode (`"aligned"`, must stay), discount (`1.0`),
+        early_termination_threshold (`None`), external_prompt_passthrough (`False`), advantage_normalization
+        (`True`), advantage_mode (`"mean"`): MAGRPO's fields, accepted as CoMLRL accepts them; MADPO does not use
+        them (a warning when one is set to another value).
+        reference_kl_enabled (`False`; `True` raises), reference_kl_coef (`0.1`), reference_devices (`None`):
+            CoMLRL's unused reference-KL fields (see difference 7).
+        use_environment_step (`True`), environment_steps_per_pair (`2`): CoMLRL's W&B x-axis (difference 5).
+
+    Settings kept from CoMLRL for its numbers: `optim="adamw_torch"`, `weight_decay=0.01` (on every parameter),
+    `lr_scheduler_type="constant"`, `max_grad_norm=0.0` (no clipping), `shuffle_dataset=False`,
+    `gradient_checkpointing=False`, `num_generations_eval=1`; any TRL field may be set as well.
+    """
+
+    output_dir: str | None = field(default="madpo_output", metadata={"help": "Where checkpoints and logs go."})
+    save_strategy: str = field(default="no", metadata={"help": "Checkpoints (CoMLRL: asked for in train())."})
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute activations in the backward (CoMLRL: no)."}
+    )
+    optim: str = field(default="adamw_torch", metadata={"help": "Optimizer (CoMLRL: torch.optim.AdamW)."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (torch's default, CoMLRL's)."})
+    lr_scheduler_type: str = field(default="constant", metadata={"help": "Learning-rate schedule (CoMLRL: none)."})
+    max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping; 0 disables it (CoMLRL: none)."})
+    shuffle_dataset: bool = field(default=False, metadata={"help": "Shuffle the dataset (CoMLRL: dataset order)."})
+
+    # CoMLRL 1.4.3's fields, in its order.
+    num_train_epochs: float = field(default=20, metadata={"help": "Passes over the dataset."})
+    agent_learning_rate: float = field(default=5e-6, metadata={"help": "Learning rate of every agent."})
+    logging_steps: float = field(default=50, metadata={"help": "Log every this many optimizer steps."})
+    num_agents: int | None = field(default=2, metadata={"help": "Number of agents."})
+    collaboration_mode: str = field(
+        default="decentralized", metadata={"help": "'decentralized' (one model per agent); 'centralized' raises."}
+    )
+    parallel_training: str = field(
+        default="none", metadata={"help": "'none' (Accelerate's placement) or 'mp' (a device per agent)."}
+    )
+    agent_devices: list[str] | None = field(
+        default=None, metadata={"help": "With parallel_training='mp': one device per agent, one for all, or 'auto'."}
+    )
+    max_new_tokens: int = field(default=256, metadata={"help": "Maximum completion length."})
+    temperature: float = field(default=0.6, metadata={"help": "Sampling temperature."})
+    top_p: float = field(default=0.6, metadata={"help": "Nucleus sampling probability."})
+    top_k: int | None = field(default=50, metadata={"help": "Top-k sampling; None or 0 disables it."})
+    num_turns: int = field(default=1, metadata={"help": "Turns per episode (MADPO: 1)."})
+    discount: float = field(default=1.0, metadata={"help": "MAGRPO's field; unused by MADPO."})
+    joint_mode: str = field(default="aligned", metadata={"help": "Joint samples: 'aligned' (MADPO: only)."})
+    early_termination_threshold: float | None = field(
+        default=None, metadata={"help": "MAGRPO's field; unused by single-turn MADPO."}
+    )
+    external_prompt_passthrough: bool = field(
+        default=False, metadata={"help": "MAGRPO's field; unused by single-turn MADPO."}
+    )
+    eval_interval: int = field(default=16, metadata={"help": "Evaluate every this many steps; 0 disables."})
+    eval_num_samples: int = field(default=4, metadata={"help": "Rows evaluated each time."})
+    eval_batch_size: int = field(default=1, metadata={"help": "Rows per evaluation batch."})
+    rollout_buffer_size: int = field(default=2, metadata={"help": "Items per generation batch."})
+    train_batch_size: int | None = field(
+        default=None, metadata={"help": "Pairs per optimizer step; None: rollout_buffer_size."}
+    )
+    advantage_normalization: bool = field(default=True, metadata={"help": "MAGRPO's field; unused by MADPO."})
+    advantage_mode: str = field(default="mean", metadata={"help": "MAGRPO's field; unused by MADPO."})
+    reference_kl_enabled: bool = field(
+        default=False, metadata={"help": "CoMLRL loads unused reference models with it; True raises here."}
+    )
+    reference_kl_coef: float = field(default=0.1, metadata={"help": "CoMLRL's unused KL coefficient."})
+    reference_devices: list[str] | None = field(
+        default=None, metadata={"help": "CoMLRL's devices of the unused reference models."}
+    )
+    preference_num_candidates: int = field(default=80, metadata={"help": "Joint candidates per item (K, >= 2)."})
+    preference_pairs_per_sample: int | None = field(
+        default=16, metadata={"help": "At most this many pairs per item; None: no limit."}
+    )
+    pair_selection: str = field(default="reward_gap", metadata={"help": "'reward_gap', 'all' or 'random'."})
+    dpo_beta: float = field(default=0.1, metadata={"help": "DPO's inverse temperature (> 0)."})
+    use_environment_step: bool = field(
+        default=True, metadata={"help": "CoMLRL's W&B x-axis in environment steps (not used by TRL's logging)."}
+    )
+    environment_steps_per_pair: int = field(
+        default=2, metadata={"help": "Environment steps per trained pair (CoMLRL's W&B x-axis; >= 1)."}
+    )
+
+    def __post_init__(self):
+        self._check_comlrl_fields()
+        self.learning_rate = self.agent_learning_rate
+        self.max_completion_length = self.max_new_tokens
+        if self.top_k is None:
+            self.top_k = 0  # TRL's "no top-k filtering"
+        self.num_generations = self.preference_num_candidates
+        # A generation batch is `rollout_buffer_size` items of K candidates; its pairs are split into optimizer steps
+        # of `train_batch_size` pairs on average.
+        items, per_step = self.rollout_buffer_size, self.comlrl_train_batch_size or self.rollout_buffer_size
+        steps = math.ceil(items * self.pairs_per_prompt / per_step)
+        rows = items * self.num_generations
+        if rows % steps != 0:
+            fitting = [s for s in range(1, rows + 1) if rows % s == 0]
+            raise ValueError(
+                f"`rollout_buffer_size={items}` items of `preference_num_candidates={self.num_generations}` "
+                f"candidates ({rows} completions per agent) must split evenly into the {steps} optimizer steps that "
+                f"`train_batch_size={per_step}` makes of their up to {items * self.pairs_per_prompt} pairs. Choose "
+                f"`train_batch_size` so that the step count divides {rows} (step counts that fit: {fitting}), or "
+                "change `rollout_buffer_size`."
+            )
+        self.per_device_train_batch_size = rows // steps
+        self.steps_per_generation = steps
+        self.generation_batch_size = None  # TRL derives it from the two above
+        if self.eval_interval > 0:
+            self.eval_strategy, self.eval_steps, self.eval_on_start = "steps", self.eval_interval, True
+        self.per_device_eval_batch_size = self.comlrl_eval_batch_size
+        self.num_generations_eval = 1  # CoMLRL evaluates one completion per item
+        spec = self.agent_devices
+        if self.parallel_training == "mp":
+            self.agent_devices = _device_list(self.agent_devices, self.num_agents, "agent_devices")
+        else:
+            self.agent_devices = None
+        self.reference_devices = None  # only read with reference_kl_enabled, which raises
+        super().__post_init__()
+        if self.parallel_training == "none":
+            _check_accelerate_device("agent_devices", spec, self.device)
+
+    def _check_comlrl_fields(self) -> None:
+        """CoMLRL 1.4.3's own checks of `MADPOConfig` (those of fields the core names otherwise; the core checks the
+        rest), raised before anything is mapped."""
+        mode = str(self.collaboration_mode).strip().lower()
+        if mode not in COLLABORATION_MODES:
+            raise ValueError(
+                f"`collaboration_mode` must be 'decentralized' or 'centralized', got {self.collaboration_mode!r}."
+            )
+        if mode == "centralized":
+            raise NotImplementedError(
+                "`collaboration_mode='centralized'` (one actor writing every role) is not ported yet: use "
+                "`collaboration_mode='decentralized'` (one model per agent)."
+            )
+        self.collaboration_mode = mode
+        for name, minimum in (
+            ("num_train_epochs", 1),
+            ("num_agents", 1),
+            ("rollout_buffer_size", 1),
+            ("eval_interval", 0),
+            ("eval_num_samples", 0),
+            ("comlrl_eval_batch_size", 1),
+            ("num_turns", 1),
+            ("logging_steps", 1),
+            ("max_new_tokens", 1),
+            ("preference_num_candidates", 2),
+            ("environment_steps_per_pair", 1),
+        ):
+            value = getattr(self, name)
+            if value is not None and value < minimum:
+                raise ValueError(f"`{name.removeprefix('comlrl_')}` must be at least {minimum}, got {value}.")
+        if self.preference_pairs_per_sample is not None and self.preference_pairs_per_sample < 1:
+            raise ValueError(
+                f"`preference_pairs_per_sample` must be at least 1, or None for no limit; got "
+                f"{self.preference_pairs_per_sample}."
+            )
+        if self.comlrl_train_batch_size is not None and self.comlrl_train_batch_size < 1:
+            raise ValueError(f"`train_batch_size` must be at least 1 (or None), got {self.comlrl_train_batch_size}.")
+        parallel = str(self.parallel_training or "none").strip().lower()
+        parallel = "none" if parallel == "null" else parallel
+        if parallel not in PARALLEL_TRAINING:
+            raise ValueError(f"`parallel_training` must be 'none' or 'mp', got {self.parallel_training!r}.")
+        if parallel == "mp" and self.agent_devices is None:
+            raise ValueError("`parallel_training='mp'` needs `agent_devices`: one device per agent (or 'auto').")
+        self.parallel_training = parallel
+        if self.reference_kl_coef < 0:
+            raise ValueError(f"`reference_kl_coef` must be >= 0, got {self.reference_kl_coef}.")
+        if self.reference_kl_enabled:
+            raise ValueError(
+                "`reference_kl_enabled=True` has no effect on CoMLRL's MADPO loss (it loads reference models and "
+                "never uses them): leave it False. For a frozen reference in the DPO log-ratios set "
+                "`reference_free=False`."
+            )
+        if self.num_turns != 1:
+            raise ValueError(f"MADPO supports `num_turns=1` only (as CoMLRL 1.4.3), got {self.num_turns}.")
+        values = {name: getattr(self, name) for name in UNUSED_FIELDS}
+        changed = {name: value for name, value in values.items() if value != UNUSED_FIELDS[name]}
+        if changed:
+            logger.warning(
+                "MADPOConfig: %s have no effect on MADPO, as in CoMLRL 1.4.3 (single turn, no advantages; logging "
+                "counts optimizer steps).",
+                ", ".join(f"`{name}={value!r}`" for name, value in changed.items()),
+            )
+
+
+MADPOConfig.train_batch_size = _comlrl_batch_size("train_batch_size")
+MADPOConfig.eval_batch_size = _comlrl_batch_size("eval_batch_size")
+
+
+class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
+    """Multi-agent DPO with CoMLRL 1.4.3's `MADPOTrainer` arguments, in its order: `MultiAgentDPOTrainer` with the
+    argument handling, reward calling, evaluation, checkpoint arguments and saving of MAGRPO's port
+    (`reinforce.MAGRPOTrainer`).
+
+    Args:
+        agent_model, agents, num_agents, tokenizer, model_config, train_dataset, eval_dataset, reward_func,
+        reward_processor, formatters, external_transition, wandb_config, eval_logger, eval_aggregator:
+            As in `MAGRPOTrainer` (the constructor's `num_agents` sets the team size, as in CoMLRL). `reward_func` is
+            called once per joint candidate, with one-element lists, as CoMLRL calls it.
+        args (`MADPOConfig`, *optional*): `None` uses `MADPOConfig()`.
+        centralized_comparator_adapter (*optional*):
+            Serves `collaboration_mode="centralized"` only, which is not ported yet: giving one raises.
+        **kwargs: `MultiAgentDPOTrainer`'s TRL arguments (`peft_config`, `callbacks`, ...).
+
+    `train(resume_from_checkpoint=None, checkpoint_dir=None, checkpoint_interval=1, checkpoint_total_limit=None)`,
+    `evaluate(num_eval_samples=None)` and `save_model(output_dir)` (`output_dir/agent_i/`) work as in CoMLRL.
+    """
+
+    default_config_cls = MADPOConfig
+    algorithm_name = "MADPO"
+    _tag_names = MultiAgentDPOTrainer._tag_names
+    _name = MultiAgentDPOTrainer._name
+
+    def __init__(
+        self,
+        agent_model: str | None = None,
+        agents: Sequence[str | PreTrainedModel] | None = None,
+        num_agents: int = 2,
+        tokenizer: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
+        model_config: dict[str, Any] | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        reward_func: Callable | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        formatters: Callable | Sequence[Callable] | None = None,
+        external_transition: Callable | None = None,
+        wandb_config: dict[str, Any] | None = None,
+        eval_logger: Callable | None = None,
+        eval_aggregator: Callable | None = None,
+        args: MADPOConfig | None = None,
+        *,
+        centralized_comparator_adapter: Any = None,
+        **kwargs,
+    ):
+        args = args if args is not None else self.default_config_cls()
+        if not isinstance(args, MADPOConfig):
+            raise TypeError(f"`args` is a {type(args).__name__}; MADPOTrainer needs a MADPOConfig.")
+        if centralized_comparator_adapter is not None:
+            raise NotImplementedError(
+                "`centralized_comparator_adapter` serves `collaboration_mode='centralized'`, which is not ported yet: "
+                "drop it and train decentralized agents."
+            )
+        super().__init__(
+            agent_model=agent_model,
+            agents=agents,
+            num_agents=num_agents,
+            tokenizer=tokenizer,
+            model_config=model_config,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            reward_func=reward_func,
+            reward_processor=reward_processor,
+            formatters=formatters,
+            external_transition=external_transition,
+            wandb_config=wandb_config,
+            eval_logger=eval_logger,
+            eval_aggregator=eval_aggregator,
+            args=args,
+            **kwargs,
+        )
+
+    def get_decay_parameter_names(self, model) -> list[str]:
+        """Every parameter: CoMLRL's AdamW decays them all (Trainer exempts biases and norms)."""
+        return [name for name, _ in model.named_parameters()]
+
+
+__all__ = ["MADPOConfig", "MADPOTrainer"]
