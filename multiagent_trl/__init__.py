@@ -2,6 +2,7 @@
 
 from .actor_critic import ActorCriticConfig, ActorCriticTrainer
 from .comlrl.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from .comlrl.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from .comlrl.preference import MADPOConfig, MADPOTrainer
 from .comlrl.reinforce import (
     MAGRPOConfig,
@@ -15,6 +16,11 @@ from .comlrl.reinforce import (
 )
 from .config import MultiAgentGRPOConfig
 from .preference import MultiAgentDPOConfig, MultiAgentDPOTrainer
+from .rewards.centralized import (
+    CentralizedComparatorAdapter,
+    CentralizedComparatorParseError,
+    TaggedCentralizedComparatorAdapter,
+)
 from .rewards.joint import RewardProcessor, RewardProcessors
 from .rewards.sandbox import ExecutionResult, Sandbox
 from .team.modules import AgentTeam
@@ -27,6 +33,10 @@ __all__ = [
     "ActorCriticConfig",
     "ActorCriticTrainer",
     "AgentTeam",
+    "CentralizedComparatorAdapter",
+    "CentralizedComparatorParseError",
+    "CentralizedMAGRPOConfig",
+    "CentralizedMAGRPOTrainer",
     "ExecutionResult",
     "IACConfig",
     "IACTrainer",
@@ -49,5 +59,6 @@ __all__ = [
     "RewardProcessor",
     "RewardProcessors",
     "Sandbox",
+    "TaggedCentralizedComparatorAdapter",
     "shared_environment",
 ]

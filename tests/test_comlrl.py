@@ -861,3 +861,22 @@ def test_early_termination_applies_during_evaluation(tmp_path, tiny_path, prompt
     assert turns == [1] * 4  # 2 agents x 2 rows, one turn each
     assert metrics["eval_turn_1/reward_mean"] == metrics["eval_turn_1/expected_return"] == 1.0
     assert metrics["eval_turn_2/reward_mean"] == metrics["eval_turn_2/expected_return"] == 0.0
+
+
+def test_save_checkpoint_before_training_holds_the_weights_for_load_checkpoint(tmp_path, tiny_path, prompts_dataset):
+    """CoMLRL's `save_checkpoint` works between runs, before any optimizer exists: weights, state and RNG."""
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path, reward_func=length_ratio, args=comlrl_args(tmp_path), train_dataset=prompts_dataset
+    )
+    with torch.no_grad():
+        trainer.model.agents[1].lm_head.weight.add_(0.5)  # a state no fresh trainer has
+    folder = trainer.save_checkpoint(str(tmp_path / "before"))
+    assert not os.path.exists(os.path.join(folder, "optimizer.pt"))
+    fresh = MAGRPOTrainer(
+        agent_model=tiny_path, reward_func=length_ratio, args=comlrl_args(tmp_path), train_dataset=prompts_dataset
+    )
+    assert fresh.load_checkpoint(folder) == {"global_step": 0, "epoch": 0}
+    torch.testing.assert_close(fresh.model.agents[1].lm_head.weight, trainer.model.agents[1].lm_head.weight)
+    assert fresh.pending_checkpoint == folder
+    with pytest.raises(FileNotFoundError, match="not a checkpoint"):
+        fresh.load_checkpoint(str(tmp_path))

@@ -1,7 +1,14 @@
-"""CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`), the
-actor-critic family (`actor_critic`) and MADPO (`preference`)."""
+"""CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`),
+the actor-critic family (`actor_critic`), centralized MAGRPO (`centralized`: one model writes every role) and MADPO
+(`preference`)."""
 
+from ..rewards.centralized import (
+    CentralizedComparatorAdapter,
+    CentralizedComparatorParseError,
+    TaggedCentralizedComparatorAdapter,
+)
 from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from .preference import MADPOConfig, MADPOTrainer
 from .reinforce import (
     COMLRL_TWINS,
@@ -17,6 +24,10 @@ from .reinforce import (
 
 __all__ = [
     "COMLRL_TWINS",
+    "CentralizedComparatorAdapter",
+    "CentralizedComparatorParseError",
+    "CentralizedMAGRPOConfig",
+    "CentralizedMAGRPOTrainer",
     "IACConfig",
     "IACTrainer",
     "MAACConfig",
@@ -31,4 +42,5 @@ __all__ = [
     "MAReMaxTrainer",
     "MARLOOConfig",
     "MARLOOTrainer",
+    "TaggedCentralizedComparatorAdapter",
 ]

@@ -22,6 +22,8 @@ import logging
 import math
 import numbers
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,13 +32,15 @@ import torch
 from datasets import Dataset
 from peft import PeftConfig
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from transformers.trainer_utils import SaveStrategy
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from trl.trainer.utils import RepeatSampler
 
 from ..config import MultiAgentGRPOConfig
 from ..rollout.evaluation import EvalTrajectories, turn_metrics
 from ..team.loading import load_agents, load_processing_classes
+from ..team.views import swapped
 from ..trainer import MultiAgentGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -403,6 +407,8 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
             Every other `MultiAgentGRPOTrainer` argument.
     """
 
+    pending_checkpoint: str | None = None  # set by `load_checkpoint`: the next `train()` resumes from it
+
     default_config_cls: type[MAGRPOConfig] = MAGRPOConfig
     algorithm_name = "MAGRPO"
     record_eval_trajectories = True
@@ -551,7 +557,46 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
                 cb for cb in self.callback_handler.callbacks if not isinstance(cb, _CheckpointEveryEpochs)
             ]
             self.add_callback(_CheckpointEveryEpochs(checkpoint_interval))
+        if resume_from_checkpoint is None:  # `load_checkpoint` asked for this one
+            resume_from_checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def save_checkpoint(self, output_dir: str) -> str:
+        """CoMLRL's snapshot between training runs: the team (and critics), the optimizer and scheduler once training
+        has built them, the RNG states and the trainer state, in Trainer's checkpoint format, written under another
+        name and renamed when complete. `load_checkpoint(output_dir)` or `train(resume_from_checkpoint=output_dir)`
+        continue from it. Refuses to replace a folder that is not a checkpoint, as CoMLRL does. Returns the folder."""
+        target = os.path.abspath(os.path.expanduser(output_dir))
+        if os.path.islink(target) or (
+            os.path.exists(target) and not os.path.isfile(os.path.join(target, TRAINER_STATE_NAME))
+        ):
+            raise FileExistsError(f"Refusing to replace a folder that is not a checkpoint: {target}")
+        parent = os.path.dirname(target)
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-", dir=parent)
+        try:
+            # Trainer's own checkpoint (`checkpoint-N/` under the staging folder); weights only before training.
+            with swapped(self.args, output_dir=staging, save_only_model=self.optimizer is None, save_total_limit=None):
+                self._save_checkpoint(self.model, trial=None)
+            written = os.path.join(staging, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            if os.path.exists(target):
+                shutil.rmtree(target)
+            os.replace(written, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+    def load_checkpoint(self, checkpoint: str) -> dict[str, float]:
+        """Load what `save_checkpoint` (or a `checkpoint-N/` of `train`) wrote: the weights now, and the optimizer,
+        scheduler and loop position when `train()` next runs (as `train(resume_from_checkpoint=checkpoint)`).
+        Returns the saved progress, `{"global_step", "epoch"}`."""
+        state_file = os.path.join(checkpoint, TRAINER_STATE_NAME)
+        if not os.path.isfile(state_file):
+            raise FileNotFoundError(f"{checkpoint} is not a checkpoint: it has no {TRAINER_STATE_NAME}.")
+        self._load_from_checkpoint(checkpoint)
+        self.pending_checkpoint = checkpoint
+        state = TrainerState.load_from_json(state_file)
+        return {"global_step": state.global_step, "epoch": state.epoch}
 
     def evaluate(self, num_eval_samples: int | None = None, eval_dataset=None, ignore_keys=None, **kwargs):
         """Evaluate `num_eval_samples` rows (default `args.eval_num_samples`; the first rows of the evaluation
