@@ -400,3 +400,28 @@ def test_a_reward_model_that_does_not_fit_raises_at_construction(tmp_path):
         MARLHFTrainer(
             agent_model=tiny_model_path(), reward_func=constant_reward, critic_model="x", args=MARLHFConfig(**args)
         )
+
+
+def length_ratio(completions1, completions2):
+    return [min(len(b) / max(len(a), 1), 2.0) for a, b in zip(completions1, completions2)]
+
+
+def test_checkpoints_hold_the_reward_model_and_resume_reuses_it(tmp_path):
+    def make(output: str):
+        config = MARLHFConfig(
+            output_dir=output, report_to="none", num_train_epochs=2, max_new_tokens=4, num_generations=2,
+            preference_num_candidates=4, rollout_buffer_size=2, eval_interval=0, logging_steps=1,
+            reward_learning_rate=1e-3,
+        )  # fmt: skip
+        data = Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:"]})
+        return MARLHFTrainer(agent_model=tiny_model_path(), reward_func=length_ratio, args=config, train_dataset=data)
+
+    first = make(str(tmp_path / "a"))
+    first.train(checkpoint_dir=str(tmp_path / "ck"))
+    checkpoint = tmp_path / "ck" / "checkpoint-1"
+    assert (checkpoint / "reward_model" / REWARD_HEAD_FILE).is_file() and (checkpoint / "agent_0").is_dir()
+    resumed = make(str(tmp_path / "b"))
+    assert not torch.equal(resumed.reward_model.reward_head.weight, first.reward_model.reward_head.weight)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.preference_pairs == [] and resumed.state.global_step == 2  # no pairs drawn, one step left
+    torch.testing.assert_close(resumed.reward_model.state_dict(), first.reward_model.state_dict())
