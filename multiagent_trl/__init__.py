@@ -3,6 +3,7 @@
 from .actor_critic import ActorCriticConfig, ActorCriticTrainer
 from .comlrl.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .comlrl.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+from .comlrl.marlhf import MARLHFConfig, MARLHFTrainer
 from .comlrl.preference import MADPOConfig, MADPOTrainer
 from .comlrl.reinforce import (
     MAGRPOConfig,
@@ -16,6 +17,10 @@ from .comlrl.reinforce import (
 )
 from .config import MultiAgentGRPOConfig
 from .preference import MultiAgentDPOConfig, MultiAgentDPOTrainer
+
+# CoMLRL's MARLHF reward model (a causal LM with a scalar head, trainable). The older sequence-classifier wrapper of
+# the same name stays at `multiagent_trl.rewards.models.JointRewardModel` (it was never exported here).
+from .preference.reward_model import JointRewardModel
 from .rewards.centralized import (
     CentralizedComparatorAdapter,
     CentralizedComparatorParseError,
@@ -40,6 +45,7 @@ __all__ = [
     "ExecutionResult",
     "IACConfig",
     "IACTrainer",
+    "JointRewardModel",
     "MAACConfig",
     "MAACTrainer",
     "MADPOConfig",
@@ -50,6 +56,8 @@ __all__ = [
     "MAREINFORCETrainer",
     "MAReMaxConfig",
     "MAReMaxTrainer",
+    "MARLHFConfig",
+    "MARLHFTrainer",
     "MARLOOConfig",
     "MARLOOTrainer",
     "MultiAgentDPOConfig",

@@ -1,7 +1,8 @@
 """CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`),
-the actor-critic family (`actor_critic`), centralized MAGRPO (`centralized`: one model writes every role) and MADPO
-(`preference`)."""
+the actor-critic family (`actor_critic`), centralized MAGRPO (`centralized`: one model writes every role), MADPO
+(`preference`) and MARLHF (`marlhf`, with CoMLRL's `JointRewardModel`: `multiagent_trl.preference.reward_model`'s)."""
 
+from ..preference.reward_model import JointRewardModel
 from ..rewards.centralized import (
     CentralizedComparatorAdapter,
     CentralizedComparatorParseError,
@@ -9,6 +10,7 @@ from ..rewards.centralized import (
 )
 from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+from .marlhf import MARLHFConfig, MARLHFTrainer
 from .preference import MADPOConfig, MADPOTrainer
 from .reinforce import (
     COMLRL_TWINS,
@@ -30,6 +32,7 @@ __all__ = [
     "CentralizedMAGRPOTrainer",
     "IACConfig",
     "IACTrainer",
+    "JointRewardModel",
     "MAACConfig",
     "MAACTrainer",
     "MADPOConfig",
@@ -41,6 +44,8 @@ __all__ = [
     "MAReMaxConfig",
     "MAReMaxTrainer",
     "MARLOOConfig",
+    "MARLHFConfig",
+    "MARLHFTrainer",
     "MARLOOTrainer",
     "TaggedCentralizedComparatorAdapter",
 ]

@@ -83,7 +83,8 @@ class JointRewardModel(nn.Module):
             on the tokenizer's `truncation_side`.
 
     The head is built first, with one `nn.Linear(hidden, 1)`, so that under the same torch seed its initial weights
-    are CoMLRL's.
+    are CoMLRL's. CoMLRL's own call, `JointRewardModel(backbone, freeze_backbone)` with a bool second, works too.
+    A backbone without a hidden size, or a tokenizer with neither a padding nor an end token, raises here.
 
     Example:
         >>> from multiagent_trl.testing import tiny_model_path
@@ -100,18 +101,29 @@ class JointRewardModel(nn.Module):
         freeze_backbone: bool = False,
         max_length: int | None = None,
     ):
+        if isinstance(tokenizer, bool):  # CoMLRL's positional order: (backbone, freeze_backbone)
+            tokenizer, freeze_backbone = None, tokenizer
         super().__init__()
         self.backbone = backbone
-        self.reward_head = nn.Linear(_hidden_size(backbone.config), 1)
+        self.reward_head = nn.Linear(_hidden_size(getattr(backbone, "config", None)), 1)
         weight = next(backbone.parameters())
         self.reward_head.to(device=weight.device, dtype=weight.dtype)
         if freeze_backbone:
             self.backbone.requires_grad_(False)
         if tokenizer is not None and tokenizer.pad_token_id is None:
+            if tokenizer.eos_token is None:
+                raise ValueError(
+                    "The reward model's tokenizer has neither a padding nor an end token, so joint texts cannot be "
+                    "batched: set `tokenizer.pad_token` before building the JointRewardModel."
+                )
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.__name__ = "joint_reward_model"  # TRL names reward functions by __name__ in its metrics
+
+    # The team trainer binds a module with this flag as a joint reward function (`rewards.joint.bind_reward_funcs`),
+    # not as a sequence classifier.
+    scores_joint_samples = True
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """`(B,)` scores of `(B, T)` token rows, read at each row's last attended token (either padding side)."""
@@ -184,7 +196,16 @@ class JointRewardModel(nn.Module):
         model = cls(backbone, tokenizer, freeze_backbone=freeze_backbone, max_length=max_length)
         head_file = os.path.join(path, REWARD_HEAD_FILE)
         if os.path.isfile(head_file):
-            model.reward_head.load_state_dict(torch.load(head_file, map_location="cpu", weights_only=True))
+            state = torch.load(head_file, map_location="cpu", weights_only=True)
+            expected = {k: tuple(v.shape) for k, v in model.reward_head.state_dict().items()}
+            found = {k: tuple(v.shape) for k, v in state.items()}
+            if found != expected:
+                raise ValueError(
+                    f"{head_file} holds a reward head of shapes {found}, but the backbone in {path} needs {expected}: "
+                    "the head was trained on another backbone. Save the reward model's backbone and head together "
+                    "(`JointRewardModel.save_pretrained`), or start from the plain causal LM for a new head."
+                )
+            model.reward_head.load_state_dict(state)
         return model
 
 

@@ -220,7 +220,9 @@ def bind_reward_funcs(
             classes = [reward_processing_classes] * len(funcs)
     bound = []
     for k, func in enumerate(funcs):
-        if isinstance(func, (str, nn.Module)):
+        if getattr(func, "scores_joint_samples", False):  # a module that is a joint reward function itself
+            bound.append(bind_joint_scorer(func, num_agents))
+        elif isinstance(func, (str, nn.Module)):
             if num_agents == 1:
                 bound.append(func)
                 continue
@@ -236,9 +238,35 @@ def bind_reward_funcs(
                 f"`reward_funcs` must be callables, model ids or models (one, or a list); got a "
                 f"{type(func).__name__} ({func!r})."
             )
-    if joint_text is not None and not any(isinstance(f, (str, nn.Module)) for f in funcs):
+    if joint_text is not None and not any(
+        isinstance(f, (str, nn.Module)) and not getattr(f, "scores_joint_samples", False) for f in funcs
+    ):
         raise ValueError("`joint_text=` formats joint samples for reward models, but `reward_funcs` has none.")
     return bound, (classes if num_agents == 1 else None)
+
+
+def bind_joint_scorer(model: Callable, num_agents: int) -> Callable:
+    """A model that scores joint samples itself (`scores_joint_samples = True`, e.g.
+    `preference.reward_model.JointRewardModel`, which reads its own joint text) as TRL's reward signature.
+
+    It is called once per batch as `model(prompts=..., completions=...)`, each entry the tuple of the agents' prompts
+    or completions (a team of one gets one-element tuples); its scores must be finite. TRL sees a plain function, so
+    it neither tokenizes for the model nor reads `.logits`.
+    """
+    name = getattr(model, "__name__", type(model).__name__)
+
+    def joint_reward(prompts, completions, **kwargs):
+        if num_agents == 1:
+            prompts, completions = [(p,) for p in prompts], [(c,) for c in completions]
+        values = list(model(prompts=list(prompts), completions=list(completions)))
+        check_model_rewards(values, name)
+        return values
+
+    joint_reward.__name__ = name
+    joint_reward.style = TRL_STYLE
+    joint_reward.agent_rewards = None
+    joint_reward.wants_rows = False
+    return joint_reward
 
 
 def bind_reward(func: Callable, num_agents: int, per_sample: bool = False) -> Callable:

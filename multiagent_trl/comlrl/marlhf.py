@@ -1,0 +1,510 @@
+"""CoMLRL compatibility for MARLHF: `MARLHFConfig`/`MARLHFTrainer` with CoMLRL 1.4.3's names, arguments, defaults
+and checks. A joint reward model is learned from preference pairs ranked by the task reward, then the team is trained
+online (MAGRPO's port) on the reward model's scores.
+
+A CoMLRL MARLHF script runs with only its import line changed:
+
+```diff
+-from comlrl.trainers.preference import MARLHFConfig, MARLHFTrainer
++from multiagent_trl.comlrl import MARLHFConfig, MARLHFTrainer
+```
+
+`train()`, as in CoMLRL:
+
+1. Pairs: the initial policies sample `preference_num_candidates` joint candidates per training item, the task reward
+   (with `reward_processor`) scores them, CoMLRL's selection pairs them
+   (`preference.reward_training.collect_preference_pairs`).
+2. Reward model: a `JointRewardModel` (the causal LM `reward_model_name`, or the agents' model, with a scalar head)
+   trained with the Bradley-Terry loss (`train_reward_model`: AdamW, `reward_learning_rate`, weight decay 0.01,
+   `reward_num_train_epochs` over shuffled batches of `reward_train_batch_size` pairs, texts cut at
+   `reward_max_length`, `reward_freeze_backbone`).
+3. Online: MAGRPO's port (`reinforce.MAGRPOTrainer`) with `num_generations` samples per prompt, the reward model's raw
+   scores as the training reward (no `reward_processor`), `advantage_mode` from `rl_algorithm` (`magrpo` -> mean,
+   `mareinforce` -> raw, `maremax` -> max, `marloo` -> rloo). Evaluation scores with the task reward and its
+   processor.
+
+Deliberate differences from CoMLRL 1.4.3, and why:
+
+1. The reward model is loaded at construction, not in `train()`: a reward model that cannot be built (no hidden size,
+   a saved head that does not fit its backbone, a tokenizer without padding or end token, agents given as objects
+   without `reward_model_name`) raises before any sampling. Its head's initial weights are therefore drawn from
+   torch's generator at construction (seed before building the trainer for a reproducible head).
+2. `reward_model_device="cuda:0"` (the default) on a machine without CUDA, or `None`, puts the reward model on the
+   team's device (a warning says so when a device was named): CoMLRL fails there. With several processes each
+   process keeps its own copy on its own device.
+3. The trained reward model is saved beside the agents: `save_model(dir)` and every checkpoint write
+   `dir/reward_model/` (reload with `JointRewardModel.from_pretrained`); CoMLRL keeps it in memory only. Resuming from
+   a checkpoint reloads it instead of drawing pairs and training it again.
+4. The reward-model stage is logged: `reward_model/loss`, `reward_model/accuracy`, `reward_model/margin` (last
+   epoch's means), `reward_model/steps` and `reward_model/pairs`, in the first training log; every step's values
+   are in `trainer.reward_model_history`. CoMLRL logs nothing for it.
+5. A training set on which no item gives a pair raises (`check_pair_set`, with the ways out); CoMLRL prints a line
+   and returns without training.
+6. The reward model reads positions counted over attended tokens and pads on the right (`JointRewardModel`): the same
+   scores as CoMLRL's for right-padded text.
+7. Online training is MAGRPO's port, with its own documented differences from CoMLRL's MAGRPO (TRL's loss, which
+   scores the last token; `eval_interval` and `logging_steps` in optimizer steps).
+8. `rl_algorithm="iac"`/`"maac"` (and the critic arguments `critic_model`, `critics`, `metrics_callback`) raise
+   `NotImplementedError`: the actor-critic back-end is not ported to MARLHF yet. The critic fields are accepted at
+   CoMLRL's defaults (and checked as CoMLRL checks them); other values raise, since nothing would read them.
+9. MADPO's `dpo_beta`, `use_environment_step` and `environment_steps_per_pair`, which CoMLRL's MARLHF accepts and
+   never reads, are accepted at their defaults only. An `advantage_mode` that contradicts `rl_algorithm` raises
+   (CoMLRL overwrites it silently). `collaboration_mode="centralized"` raises `NotImplementedError`, as in MADPO's
+   port.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..preference.pairs import PAIR_SELECTIONS
+from ..preference.reward_model import JointRewardModel
+from ..preference.reward_training import collect_preference_pairs, summarize, train_reward_model
+from ..rewards.joint import bind_joint_scorer
+from .reinforce import MAGRPOConfig, MAGRPOTrainer
+
+logger = logging.getLogger(__name__)
+
+# CoMLRL's rl_algorithm -> the MAGRPO family's advantage_mode.
+RL_ALGORITHMS = {"magrpo": "mean", "mareinforce": "raw", "maremax": "max", "marloo": "rloo"}
+ACTOR_CRITIC_ALGORITHMS = ("maac", "iac")
+RL_ALGORITHM_ALIASES = {"mareforce": "mareinforce"}
+REWARD_MODEL_DIR = "reward_model"  # under output_dir, and under every saved folder
+# Fields that CoMLRL's MARLHF accepts but reads only with an actor-critic back-end, or never: their defaults.
+CRITIC_DEFAULTS = {
+    "critic_model_name": None,
+    "critic_learning_rate": None,
+    "critic_devices": None,
+    "use_separate_critic": True,
+    "critic_type": "v",
+    "value_loss_coef": 0.6,
+    "value_clip_range": 0.2,
+    "critic_value_head_hidden_dim": None,
+    "value_head_hidden_dim": None,
+}
+UNUSED_MADPO_DEFAULTS = {"dpo_beta": 0.1, "use_environment_step": True, "environment_steps_per_pair": 2}
+
+
+@dataclass
+class MARLHFConfig(MAGRPOConfig):
+    r"""
+    `MAGRPOConfig` accepting every field of CoMLRL 1.4.3's `MARLHFConfig` (MADPO's fields and its own), with its
+    defaults and checks. The MAGRPO fields configure the online phase as in `MAGRPOConfig`; the defaults that differ
+    from `MAGRPOConfig`'s are CoMLRL's MARLHF ones (`num_turns=1`, `early_termination_threshold=None`).
+
+    Parameters:
+        rl_algorithm (`str`, *optional*, defaults to `"magrpo"`):
+            Online algorithm: `"magrpo"`, `"mareinforce"` (alias `"mareforce"`), `"maremax"` or `"marloo"` set
+            `advantage_mode` (`mean`, `raw`, `max`, `rloo`); `"iac"` and `"maac"` are not ported yet (raise).
+        num_generations (`int`, *optional*, defaults to `4`):
+            Online samples per prompt (at least 2 for the MAGRPO family).
+        preference_num_candidates (`int`, *optional*, defaults to `80`):
+            Joint candidates per training item for the preference pairs (at least 2).
+        preference_pairs_per_sample (`int` or `None`, *optional*, defaults to `16`):
+            At most this many pairs per item (`None`: no limit; required by `pair_selection="all"`).
+        pair_selection (`str`, *optional*, defaults to `"reward_gap"`):
+            `"reward_gap"` (largest reward gap first), `"random"` or `"all"`.
+        reward_model_name (`str` or `None`, *optional*, defaults to `None`):
+            The reward model's causal LM (id or path; a folder written by `JointRewardModel.save_pretrained` also
+            brings its head). `None`: the agents' model (required when the agents are given as objects).
+        reward_model_device (`str` or `None`, *optional*, defaults to `"cuda:0"`):
+            Where the reward model lives; `None`, or a CUDA device without CUDA, is the team's device.
+        reward_learning_rate (`float`, *optional*, defaults to `1e-5`): AdamW's learning rate for the reward model
+            (> 0).
+        reward_num_train_epochs (`int`, *optional*, defaults to `1`): Passes over the pairs (>= 1).
+        reward_train_batch_size (`int`, *optional*, defaults to `1`): Pairs per reward-model step (>= 1).
+        reward_max_length (`int` or `None`, *optional*, defaults to `None`): Joint texts cut at this many tokens.
+        reward_freeze_backbone (`bool`, *optional*, defaults to `False`): Train the reward head only.
+        collaboration_mode (`str`, *optional*, defaults to `"decentralized"`): `"centralized"` raises (not ported).
+        critic_model_name, critic_learning_rate, critic_devices, use_separate_critic, critic_type, value_loss_coef,
+        value_clip_range, critic_value_head_hidden_dim, value_head_hidden_dim:
+            CoMLRL's actor-critic back-end fields, checked as CoMLRL checks them; only their defaults are accepted
+            (the back-end is not ported).
+        dpo_beta (`0.1`), use_environment_step (`True`), environment_steps_per_pair (`2`):
+            MADPO's fields, unused by MARLHF (in CoMLRL too): only their defaults are accepted.
+
+    Every other field is `MAGRPOConfig`'s (`agent_learning_rate`, `rollout_buffer_size`, `train_batch_size`,
+    `eval_interval`, ...), for the online phase.
+    """
+
+    output_dir: str | None = field(default="marlhf_output", metadata={"help": "Where checkpoints and logs go."})
+    num_turns: int = field(default=1, metadata={"help": "Turns per episode (MARLHF: 1)."})
+    early_termination_threshold: float | None = field(
+        default=None, metadata={"help": "MAGRPO's field; unused by single-turn MARLHF."}
+    )
+    collaboration_mode: str = field(
+        default="decentralized", metadata={"help": "'decentralized' (one model per agent); 'centralized' raises."}
+    )
+    preference_num_candidates: int = field(default=80, metadata={"help": "Joint candidates per item for pairs (K)."})
+    preference_pairs_per_sample: int | None = field(
+        default=16, metadata={"help": "At most this many pairs per item; None: no limit."}
+    )
+    pair_selection: str = field(default="reward_gap", metadata={"help": "'reward_gap', 'all' or 'random'."})
+    dpo_beta: float = field(default=0.1, metadata={"help": "MADPO's field; unused by MARLHF (default only)."})
+    use_environment_step: bool = field(
+        default=True, metadata={"help": "MADPO's field; unused by MARLHF (default only)."}
+    )
+    environment_steps_per_pair: int = field(
+        default=2, metadata={"help": "MADPO's field; unused by MARLHF (default only)."}
+    )
+    rl_algorithm: str = field(
+        default="magrpo", metadata={"help": "Online: magrpo, mareinforce, maremax, marloo (iac, maac raise)."}
+    )
+    reward_model_name: str | None = field(
+        default=None, metadata={"help": "The reward model's causal LM; None: the agents' model."}
+    )
+    reward_model_device: str | None = field(
+        default="cuda:0", metadata={"help": "The reward model's device; None or no CUDA: the team's device."}
+    )
+    reward_learning_rate: float = field(default=1e-5, metadata={"help": "Reward model learning rate (> 0)."})
+    reward_num_train_epochs: int = field(default=1, metadata={"help": "Passes over the preference pairs."})
+    reward_train_batch_size: int = field(default=1, metadata={"help": "Pairs per reward-model step."})
+    reward_max_length: int | None = field(default=None, metadata={"help": "Joint texts cut at this many tokens."})
+    reward_freeze_backbone: bool = field(default=False, metadata={"help": "Train the reward head only."})
+    critic_model_name: str | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
+    critic_learning_rate: float | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
+    critic_devices: list[str] | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
+    use_separate_critic: bool = field(default=True, metadata={"help": "Actor-critic back-end (not ported)."})
+    critic_type: str = field(default="v", metadata={"help": "Actor-critic back-end (not ported): 'v' or 'q'."})
+    value_loss_coef: float = field(default=0.6, metadata={"help": "Actor-critic back-end (not ported)."})
+    value_clip_range: float | None = field(default=0.2, metadata={"help": "Actor-critic back-end (not ported)."})
+    critic_value_head_hidden_dim: int | None = field(
+        default=None, metadata={"help": "Actor-critic back-end (not ported)."}
+    )
+    value_head_hidden_dim: int | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
+
+    def __post_init__(self):
+        self._check_marlhf_fields()
+        super().__post_init__()
+
+    def _check_marlhf_fields(self) -> None:
+        """CoMLRL 1.4.3's checks of `MARLHFConfig` and of MADPO's fields, and what this port does not support,
+        raised before anything is mapped."""
+        algorithm = str(self.rl_algorithm or "magrpo").strip().lower()
+        algorithm = RL_ALGORITHM_ALIASES.get(algorithm, algorithm)
+        if algorithm not in (*RL_ALGORITHMS, *ACTOR_CRITIC_ALGORITHMS):
+            raise ValueError(
+                f"`rl_algorithm` must be one of {[*RL_ALGORITHMS, *ACTOR_CRITIC_ALGORITHMS]}, got "
+                f"{self.rl_algorithm!r}."
+            )
+        if algorithm in ACTOR_CRITIC_ALGORITHMS:
+            raise NotImplementedError(
+                f"`rl_algorithm={algorithm!r}` (MARLHF with an actor-critic back-end) is not ported yet: use "
+                f"`rl_algorithm` in {list(RL_ALGORITHMS)}, or train the reward model (`train_reward_model`) and pass "
+                f"it as `reward_func=` to `{algorithm.upper()}Trainer`."
+            )
+        self.rl_algorithm = algorithm
+        if self.num_generations is None or self.num_generations < 2:
+            raise ValueError(
+                f"`num_generations` must be >= 2 for `rl_algorithm={algorithm!r}` (the MAGRPO family compares a "
+                f"prompt's samples), got {self.num_generations}."
+            )
+        mode = RL_ALGORITHMS[algorithm]
+        given = str(self.advantage_mode).strip().lower()
+        if given not in ("mean", mode):  # "mean" is the default, which CoMLRL overwrites from rl_algorithm
+            raise ValueError(
+                f"`advantage_mode={self.advantage_mode!r}` contradicts `rl_algorithm={algorithm!r}` (advantage mode "
+                f"{mode!r}); MARLHF sets it from `rl_algorithm`: drop `advantage_mode` or choose the `rl_algorithm` "
+                f"of that mode ({ {v: k for k, v in RL_ALGORITHMS.items()}.get(given, 'none')!r})."
+            )
+        self.advantage_mode = mode
+        for name, ok, rule in (
+            ("reward_learning_rate", self.reward_learning_rate > 0, "> 0"),
+            ("reward_num_train_epochs", self.reward_num_train_epochs >= 1, ">= 1"),
+            ("reward_train_batch_size", self.reward_train_batch_size >= 1, ">= 1"),
+            ("reward_max_length", self.reward_max_length is None or self.reward_max_length >= 1, ">= 1 or None"),
+            (
+                "critic_learning_rate",
+                self.critic_learning_rate is None or self.critic_learning_rate > 0,
+                "> 0 or None",
+            ),
+            ("value_loss_coef", self.value_loss_coef > 0, "> 0"),
+            ("value_clip_range", self.value_clip_range is None or self.value_clip_range > 0, "> 0 or None"),
+            ("preference_num_candidates", self.preference_num_candidates >= 2, ">= 2"),
+            (
+                "preference_pairs_per_sample",
+                self.preference_pairs_per_sample is None or self.preference_pairs_per_sample >= 1,
+                ">= 1 or None",
+            ),
+            ("dpo_beta", self.dpo_beta > 0, "> 0"),
+            ("environment_steps_per_pair", self.environment_steps_per_pair >= 1, ">= 1"),
+        ):
+            if not ok:
+                raise ValueError(f"`{name}` must be {rule}, got {getattr(self, name)}.")
+        self.critic_type = str(self.critic_type or "v").strip().lower()
+        if self.critic_type not in ("v", "q"):
+            raise ValueError(f"`critic_type` must be 'v' or 'q', got {self.critic_type!r}.")
+        if self.reward_model_device is not None:
+            self.reward_model_device = str(self.reward_model_device)
+        selection = str(self.pair_selection).strip().lower()
+        if selection not in PAIR_SELECTIONS:
+            raise ValueError(f"`pair_selection` must be one of {list(PAIR_SELECTIONS)}, got {self.pair_selection!r}.")
+        if selection == "all" and self.preference_pairs_per_sample is not None:
+            raise ValueError("`pair_selection='all'` keeps every pair: set `preference_pairs_per_sample=None`.")
+        self.pair_selection = selection
+        collaboration = str(self.collaboration_mode).strip().lower()
+        if collaboration not in ("decentralized", "centralized"):
+            raise ValueError(
+                f"`collaboration_mode` must be 'decentralized' or 'centralized', got {self.collaboration_mode!r}."
+            )
+        if collaboration == "centralized":
+            raise NotImplementedError(
+                "`collaboration_mode='centralized'` (one actor writing every role) is not ported to MARLHF yet: use "
+                "`collaboration_mode='decentralized'`."
+            )
+        self.collaboration_mode = collaboration
+        if self.num_turns != 1:
+            raise ValueError(f"MARLHF supports `num_turns=1` only (as CoMLRL 1.4.3), got {self.num_turns}.")
+        if str(self.joint_mode).strip().lower() not in ("aligned", "align"):
+            raise ValueError(
+                f"MARLHF's reward model scores aligned joint samples only: set `joint_mode='aligned'`, got "
+                f"{self.joint_mode!r}."
+            )
+        for defaults, why in (
+            (CRITIC_DEFAULTS, "serves `rl_algorithm='iac'`/`'maac'`, which is not ported yet"),
+            (UNUSED_MADPO_DEFAULTS, "is a MADPO field that MARLHF never reads (CoMLRL ignores it too)"),
+        ):
+            for name, default in defaults.items():
+                if getattr(self, name) != default:
+                    raise ValueError(f"`{name}={getattr(self, name)!r}` {why}: leave it at its default ({default!r}).")
+
+
+class MARLHFTrainer(MAGRPOTrainer):
+    """Multi-agent RLHF with CoMLRL 1.4.3's `MARLHFTrainer` arguments: pairs from the task reward, a joint reward
+    model trained on them, then MAGRPO's port trained online on the reward model's scores (see the module
+    docstring for the steps and the differences from CoMLRL).
+
+    Args:
+        agent_model, agents, num_agents, tokenizer, model_config, train_dataset, eval_dataset, reward_func,
+        reward_processor, formatters, external_transition, wandb_config, eval_logger, eval_aggregator:
+            As in `MAGRPOTrainer`. `reward_func` (with `reward_processor`) is the task reward: it ranks the
+            preference candidates and scores evaluation; training uses the reward model.
+        args (`MARLHFConfig`, *optional*): `None` uses `MARLHFConfig()`.
+        centralized_comparator_adapter, metrics_callback, critic_model, critics (*optional*):
+            Serve CoMLRL's centralized mode and actor-critic back-ends, which are not ported: giving one raises.
+        reward_model (`JointRewardModel`, *optional*):
+            Beyond CoMLRL: the reward model to train, instead of loading `args.reward_model_name`.
+        **kwargs: `MultiAgentGRPOTrainer`'s TRL arguments (`peft_config`, `callbacks`, ...).
+
+    After `train()`: `trainer.reward_model` (the trained `JointRewardModel`, in eval mode), `trainer.preference_pairs`
+    and `trainer.reward_model_history` (every reward-model step's loss, accuracy and margin).
+    """
+
+    default_config_cls = MARLHFConfig
+    algorithm_name = "MARLHF"
+
+    def __init__(
+        self,
+        agent_model: str | None = None,
+        agents: Sequence[str | PreTrainedModel] | None = None,
+        num_agents: int = 2,
+        tokenizer: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
+        model_config: dict[str, Any] | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        reward_func: Callable | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        formatters: Callable | Sequence[Callable] | None = None,
+        external_transition: Callable | None = None,
+        wandb_config: dict[str, Any] | None = None,
+        eval_logger: Callable | None = None,
+        eval_aggregator: Callable | None = None,
+        args: MARLHFConfig | None = None,
+        *,
+        centralized_comparator_adapter: Any = None,
+        metrics_callback: Callable | None = None,
+        critic_model: Any = None,
+        critics: Any = None,
+        reward_model: JointRewardModel | None = None,
+        **kwargs,
+    ):
+        args = args if args is not None else self.default_config_cls()
+        if not isinstance(args, MARLHFConfig):
+            raise TypeError(f"`args` is a {type(args).__name__}; MARLHFTrainer needs a MARLHFConfig.")
+        if centralized_comparator_adapter is not None:
+            raise NotImplementedError(
+                "`centralized_comparator_adapter` serves `collaboration_mode='centralized'`, which is not ported to "
+                "MARLHF yet: drop it and train decentralized agents."
+            )
+        actor_critic = {"metrics_callback": metrics_callback, "critic_model": critic_model, "critics": critics}
+        for name, value in actor_critic.items():
+            if value is not None:
+                raise NotImplementedError(
+                    f"`{name}` serves MARLHF's actor-critic back-ends (`rl_algorithm='iac'`/`'maac'`), which are not "
+                    f"ported yet; this trainer runs `rl_algorithm={args.rl_algorithm!r}`: drop `{name}`."
+                )
+        if reward_model is not None and not isinstance(reward_model, JointRewardModel):
+            raise TypeError(
+                f"`reward_model` must be a multiagent_trl JointRewardModel, got {type(reward_model).__name__}."
+            )
+        super().__init__(
+            agent_model=agent_model,
+            agents=agents,
+            num_agents=num_agents,
+            tokenizer=tokenizer,
+            model_config=model_config,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            reward_func=reward_func,
+            reward_processor=reward_processor,
+            formatters=formatters,
+            external_transition=external_transition,
+            wandb_config=wandb_config,
+            eval_logger=eval_logger,
+            eval_aggregator=eval_aggregator,
+            args=args,
+            **kwargs,
+        )
+        self.reward_device = self._reward_device(args.reward_model_device)
+        if reward_model is None:
+            reward_model = self._load_reward_model()
+        else:
+            if args.reward_freeze_backbone:
+                reward_model.backbone.requires_grad_(False)
+            if args.reward_max_length is not None:
+                reward_model.max_length = args.reward_max_length
+            if reward_model.tokenizer is None:
+                raise ValueError("`reward_model` has no tokenizer: build it with one to score joint texts.")
+        self.reward_model = reward_model.to(self.reward_device)
+        self.preference_pairs: list = []
+        self.reward_model_history: list[dict[str, float]] = []
+        self._online_reward: Callable | None = None  # the reward model as the training reward, once trained
+
+    # ------------------------------------------------------------------ the reward model
+
+    def _reward_device(self, spec: str | None) -> torch.device:
+        """CoMLRL's `reward_model_device`; `None`, or CUDA where there is none, is the team's device."""
+        team = self.accelerator.device
+        if spec is None:
+            return team
+        device = torch.device(spec)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            logger.warning(
+                "MARLHF: `reward_model_device=%r` but CUDA is not available; the reward model goes on the team's "
+                "device (%s).",
+                spec,
+                team,
+            )
+            return team
+        if self.accelerator.num_processes > 1 and device != team:
+            logger.warning(
+                "MARLHF: with %d processes each keeps its own reward model on its own device (%s), not on %r.",
+                self.accelerator.num_processes,
+                team,
+                spec,
+            )
+            return team
+        return device
+
+    def _load_reward_model(self) -> JointRewardModel:
+        """CoMLRL's reward model: `reward_model_name` (or the agents' model) with a new scalar head."""
+        args = self.args
+        source = args.reward_model_name or self.model_name
+        if not isinstance(source, (str, os.PathLike)) or not source:
+            raise ValueError(
+                "MARLHF needs the reward model's causal LM: set `reward_model_name` (a model id or path) when the "
+                "agents are given as model objects."
+            )
+        kwargs = dict(args.model_init_kwargs or {})
+        kwargs.pop("device_map", None)  # placed on `reward_model_device` below
+        try:
+            return JointRewardModel.from_pretrained(
+                str(source), freeze_backbone=args.reward_freeze_backbone, max_length=args.reward_max_length, **kwargs
+            )
+        except (OSError, ValueError) as error:
+            raise ValueError(
+                f"Cannot build MARLHF's reward model from {str(source)!r}: {error} Set `reward_model_name` to a "
+                "causal LM (id or path) with a tokenizer."
+            ) from error
+
+    def _reward_model_folder(self, output_dir: str) -> str:
+        return os.path.join(output_dir, REWARD_MODEL_DIR)
+
+    def _train_reward_stage(self) -> None:
+        """Steps 1 and 2: pairs from the current policies and the task reward, then the reward model."""
+        args = self.args
+        self.preference_pairs = collect_preference_pairs(
+            self,
+            self.train_dataset,
+            args.preference_num_candidates,
+            args.pair_selection,
+            args.preference_pairs_per_sample,
+        )
+        self.reward_model_history = train_reward_model(
+            self.reward_model,
+            self.preference_pairs,
+            learning_rate=args.reward_learning_rate,
+            num_train_epochs=args.reward_num_train_epochs,
+            batch_size=args.reward_train_batch_size,
+        )
+        for key, value in summarize(self.reward_model_history, len(self.preference_pairs)).items():
+            self._metrics["train"][key].append(value)  # in the first training log
+
+    def _restore_reward_model(self, checkpoint: str) -> bool:
+        """Load the reward model saved in `checkpoint/reward_model/`, if there is one."""
+        folder = self._reward_model_folder(checkpoint)
+        if not os.path.isdir(folder):
+            return False
+        kwargs = {k: v for k, v in (self.args.model_init_kwargs or {}).items() if k != "device_map"}
+        saved = JointRewardModel.from_pretrained(folder, **kwargs)
+        self.reward_model.load_state_dict(saved.state_dict())
+        self.reward_model.eval()
+        return True
+
+    # ------------------------------------------------------------------ training
+
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int = 1,
+        checkpoint_total_limit: int | None = None,
+        **kwargs,
+    ):
+        """Pairs, reward model, online training (the module docstring's steps 1-3), with `MAGRPOTrainer.train`'s
+        checkpoint arguments. Resuming from a checkpoint that holds `reward_model/` skips steps 1 and 2."""
+        if self.train_dataset is None:
+            return super().train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
+        checkpoint = resume_from_checkpoint or self.pending_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(checkpoint_dir or self.args.output_dir)
+        restored = isinstance(checkpoint, str) and self._restore_reward_model(checkpoint)
+        if self._online_reward is None and not restored:
+            self._train_reward_stage()
+        self._online_reward = bind_joint_scorer(self.reward_model, self.num_agents)
+        return super().train(
+            resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, **kwargs
+        )
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
+        # Training batches are scored by the reward model, raw (no processor); evaluation keeps the task reward.
+        if not self.model.training or self._online_reward is None:
+            return super()._generate_and_score_completions(inputs)
+        device = self.reward_weights.device
+        with self._swap(
+            reward_funcs=[self._online_reward],
+            reward_func_names=[self._online_reward.__name__],
+            reward_weights=torch.ones(1, device=device),
+            reward_processing_classes=[None],
+            reward_processor=None,
+        ):
+            return super()._generate_and_score_completions(inputs)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The agents (`output_dir/agent_i/`, as `MAGRPOTrainer`) and, once trained, the reward model
+        (`output_dir/reward_model/`, reloadable with `JointRewardModel.from_pretrained`)."""
+        super().save_model(output_dir, _internal_call)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if self._online_reward is not None and self.accelerator.is_main_process:
+            self.reward_model.save_pretrained(self._reward_model_folder(output_dir))
+
+
+__all__ = ["MARLHFConfig", "MARLHFTrainer"]
