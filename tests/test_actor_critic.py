@@ -368,7 +368,11 @@ from datasets import Dataset
 from comlrl.trainers.actor_critic import MAACConfig, MAACTrainer
 
 
-def length_reward(completions1, completions2):
+SEEN_PROMPTS = []
+
+
+def length_reward(completions1, completions2, *, prompts=None):
+    SEEN_PROMPTS.append(prompts)  # CoMLRL passes each turn's prompts, one per agent
     return [min(len(b) / max(len(a), 1), 2.0) for a, b in zip(completions1, completions2)]
 
 
@@ -400,6 +404,7 @@ def main(model_path, output_dir, callback_log):
     trainer.verbose = False
     trainer.train()
     trainer.save_model(output_dir)
+    callback_log.append(SEEN_PROMPTS)
     return trainer
 """
 
@@ -414,6 +419,9 @@ def test_two_turn_script_runs_with_only_its_imports_changed(tmp_path, comlrl):
     trainer = run_script(TWO_TURN_SCRIPT, imports, tiny_model_path(), str(tmp_path / "ours"), log)
     assert trainer.state.global_step == 2  # 4 items, a buffer of 4 samples = 2 two-turn episodes
     # metrics_callback: once per item, with both turns of both agents, each turn's reward and reward-to-go.
+    seen = log.pop()  # the prompts each reward call got: every turn's own, one per agent
+    assert len(seen) == 8 and sum(p[0].startswith("Task: You wrote") for p in seen) == 4
+    assert all(len(p) == 2 for p in seen)
     assert len(log) == 4 and all(len(samples) == 4 for samples in log)
     first = log[0]
     assert [(s.agent_idx, s.metadata["turn_idx"]) for s in first] == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -447,9 +455,9 @@ def test_reward_is_called_once_per_item_with_lists_of_g():
         return [1.0, 2.0, 3.0]  # one per generation
 
     rows = [{"prompt": "a"}] * 3 + [{"prompt": "b"}] * 3
-    formatters = [lambda item: item["prompt"] + "!", lambda item: item["prompt"] + "?"]
-    bound = item_reward(reward, lambda r: 10 * r, formatters, num_agents=2, num_generations=3)
-    values = bound(list("uvwxyz"), list("UVWXYZ"), batch_items=rows)
+    prompts = [("a!", "a?")] * 3 + [("b!", "b?")] * 3  # each joint sample's prompts, one per agent (this turn's)
+    bound = item_reward(reward, lambda r: 10 * r, num_agents=2, num_generations=3)
+    values = bound(prompts, list(zip("uvwxyz", "UVWXYZ")), batch_items=rows)
     assert values == [10.0, 20.0, 30.0] * 2
     assert calls[0] == (["u", "v", "w"], ["U", "V", "W"], [rows[0]], ["a!", "a?"])
     assert calls[1][0] == ["x", "y", "z"] and calls[1][3] == ["b!", "b?"]
@@ -464,20 +472,20 @@ def test_reward_is_called_once_per_item_with_lists_of_g():
     ],
 )
 def test_reward_lengths_follow_comlrl(returned, expected):
-    bound = item_reward(lambda c1, c2: returned, None, None, num_agents=2, num_generations=3)
-    assert bound(list("abc"), list("def"), batch_items=[{"prompt": "p"}] * 3) == expected
+    bound = item_reward(lambda c1, c2: returned, None, num_agents=2, num_generations=3)
+    assert bound([("p", "p")] * 3, list(zip("abc", "def")), batch_items=[{"prompt": "p"}] * 3) == expected
 
 
 def test_per_agent_rewards_read_per_generation_when_n_equals_g():
     """CoMLRL checks the per-generation length first: with N == G, N values are one per generation."""
-    bound = item_reward(lambda c1, c2: [1.0, 2.0], None, None, num_agents=2, num_generations=2)
-    assert bound(list("ab"), list("cd"), batch_items=[{"prompt": "p"}] * 2) == [1.0, 2.0]
+    bound = item_reward(lambda c1, c2: [1.0, 2.0], None, num_agents=2, num_generations=2)
+    assert bound([("p", "p")] * 2, list(zip("ab", "cd")), batch_items=[{"prompt": "p"}] * 2) == [1.0, 2.0]
 
 
 def test_wrong_reward_length_raises():
-    bound = item_reward(lambda c1, c2: [1.0] * 4, None, None, num_agents=2, num_generations=3)
+    bound = item_reward(lambda c1, c2: [1.0] * 4, None, num_agents=2, num_generations=3)
     with pytest.raises(ValueError, match="returned 4 values for one item"):
-        bound(list("abc"), list("def"), batch_items=[{"prompt": "p"}] * 3)
+        bound([("p", "p")] * 3, list(zip("abc", "def")), batch_items=[{"prompt": "p"}] * 3)
 
 
 # ---- 4. CoMLRL's fields, defaults and checks

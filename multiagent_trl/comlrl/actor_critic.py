@@ -351,13 +351,12 @@ class RolloutSample:
 def item_reward(
     func: Callable,
     processor: Callable[[float], float] | None,
-    formatters: Sequence[Callable] | None,
     num_agents: int,
     num_generations: int,
 ) -> Callable:
     """CoMLRL's actor-critic reward calling, as a reward function for the core: `func` is called once per dataset
-    item, with one list of the item's `num_generations` completions per agent (and `prompts`, the agents' prompts,
-    and `batch_items=[item]` where it takes them), as CoMLRL 1.4.3's IAC and MAAC call it.
+    item and turn, with one list of the item's `num_generations` completions per agent (and `prompts`, the agents'
+    prompts of that turn, and `batch_items=[item]` where it takes them), as CoMLRL 1.4.3's IAC and MAAC call it.
 
     What `func` returns, after `processor` is applied to each value: one value (every agent, every completion),
     `num_generations` values (one per joint sample, shared by the agents), or `num_agents` values (one per agent,
@@ -366,17 +365,16 @@ def item_reward(
     name = getattr(func, "__name__", type(func).__name__)
     passing = _reward_passing(func, num_agents)
 
-    def reward(*completions, batch_items=None):
-        per_agent = [list(c) for c in completions]  # (N, items x G)
+    def reward(prompts, completions, batch_items=None, **kwargs):  # the core's TRL convention: joint samples
+        per_agent = [list(c) for c in zip(*completions)] if num_agents > 1 else [list(completions)]  # (N, samples)
         samples = len(per_agent[0])
         if samples % num_generations:
             raise RuntimeError(f"{samples} joint samples do not split into items of {num_generations}.")
         values: list[list[float]] = []  # per item: N lists of G
         for start in range(0, samples, num_generations):
-            item = batch_items[start]
-            prompts = [f(item) if f is not None else item["prompt"] for f in formatters or [None] * num_agents]
+            turn_prompts = list(prompts[start]) if num_agents > 1 else [prompts[start]]
             lists = [c[start : start + num_generations] for c in per_agent]
-            raw = _as_floats(passing(func, prompts, lists, [item]), name)
+            raw = _as_floats(passing(func, turn_prompts, lists, [batch_items[start]]), name)
             if processor is not None:
                 raw = [float(processor(r)) for r in raw]
             values.append(_expand(raw, num_agents, num_generations, name))
@@ -605,7 +603,7 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
             args.eval_strategy, args.eval_on_start = "no", False  # CoMLRL evaluates only with a dataset
         given_formatters = formatters
         formatters = _comlrl_formatters(formatters, args.num_agents)
-        reward = item_reward(reward_func, reward_processor, formatters, args.num_agents, args.num_generations)
+        reward = item_reward(reward_func, reward_processor, args.num_agents, args.num_generations)
         if self.joint_tokenizer_from_agent and kwargs.get("critic_processing_class") is None:
             kwargs["critic_processing_class"] = _first_tokenizer(tokenizer, model)
         train_dataset, stand_in = training_data(train_dataset)

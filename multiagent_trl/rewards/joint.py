@@ -70,7 +70,7 @@ def _convention(func: Callable, num_agents: int) -> tuple[str, str | None, set[s
     # `f(completions)` alone, with several agents, is CoMLRL's single parameter (the list of per-agent lists); with
     # TRL's other keywords (or `**kwargs`), it is TRL's.
     if named_completions and (num_agents == 1 or var_keyword or "prompts" in names or len(positional) != 1):
-        return TRL_STYLE, None, set()
+        return TRL_STYLE, None, {"batch_items"} & names  # a named `batch_items` gets the rows, as in CoMLRL
     keywords = {k for k in ("batch_items", "prompts") if k in names or var_keyword}
     if not positional and var_positional:
         return COMLRL_STYLE, VARARGS, keywords
