@@ -1,6 +1,6 @@
 """CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`),
-the actor-critic family (`actor_critic`), centralized MAGRPO (`centralized`: one model writes every role) and MADPO
-(`preference`)."""
+the actor-critic family (`actor_critic`), centralized MAGRPO (`centralized`: one model writes every role), MADPO
+(`preference`) and iterative MADPO (`iterative`)."""
 
 from ..rewards.centralized import (
     CentralizedComparatorAdapter,
@@ -9,6 +9,7 @@ from ..rewards.centralized import (
 )
 from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+from .iterative import MADPOIterConfig, MADPOIterTrainer
 from .preference import MADPOConfig, MADPOTrainer
 from .reinforce import (
     COMLRL_TWINS,
@@ -33,6 +34,8 @@ __all__ = [
     "MAACConfig",
     "MAACTrainer",
     "MADPOConfig",
+    "MADPOIterConfig",
+    "MADPOIterTrainer",
     "MADPOTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
