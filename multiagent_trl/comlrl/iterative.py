@@ -368,9 +368,9 @@ class MADPOIterTrainer(MADPOTrainer):
             }
             if args.log_reward_distribution:
                 logs.update(distribution_metrics("iter/reward_distribution", it, *candidates))
-                selected = [
-                    [r["target_raw_reward"] for r in train_pairs],
-                    [r["comparator_raw_reward"] for r in train_pairs],
+                selected = [  # (target, comparator) raw rewards of the training pairs that record them
+                    [r[key] for r in train_pairs if r.get(key) is not None]
+                    for key in ("target_raw_reward", "comparator_raw_reward")
                 ]
                 logs.update(distribution_metrics("iter/selected_reward_distribution", it, *selected, len(train_pairs)))
             self.log(logs)
@@ -506,7 +506,7 @@ class MADPOIterTrainer(MADPOTrainer):
                 updates += 1
                 self.state.global_step += 1
                 self._metrics["train"]["pairs/count"].append(float(len(batch)))
-                chosen = sum(r["winner_reward"] for r in batch) / len(batch)
+                chosen = sum(float(r.get("winner_reward", 0.0)) for r in batch) / len(batch)  # CoMLRL: 0 if missing
                 self._metrics["train"]["pairs/chosen_reward"].append(chosen)
                 if self.state.global_step % max(int(args.logging_steps), 1) == 0:
                     self.log({})
