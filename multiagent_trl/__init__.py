@@ -3,6 +3,7 @@
 from .actor_critic import ActorCriticConfig, ActorCriticTrainer
 from .comlrl.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .comlrl.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+from .comlrl.iterative import MADPOIterConfig, MADPOIterTrainer
 from .comlrl.marlhf import MARLHFConfig, MARLHFTrainer
 from .comlrl.preference import MADPOConfig, MADPOTrainer
 from .comlrl.reinforce import (
@@ -49,6 +50,8 @@ __all__ = [
     "MAACConfig",
     "MAACTrainer",
     "MADPOConfig",
+    "MADPOIterConfig",
+    "MADPOIterTrainer",
     "MADPOTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",

@@ -1,6 +1,7 @@
 """CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`),
 the actor-critic family (`actor_critic`), centralized MAGRPO (`centralized`: one model writes every role), MADPO
-(`preference`) and MARLHF (`marlhf`, with CoMLRL's `JointRewardModel`: `multiagent_trl.preference.reward_model`'s)."""
+(`preference`), MARLHF (`marlhf`, with CoMLRL's `JointRewardModel`: `multiagent_trl.preference.reward_model`'s) and
+iterative MADPO (`iterative`)."""
 
 from ..preference.reward_model import JointRewardModel
 from ..rewards.centralized import (
@@ -10,6 +11,7 @@ from ..rewards.centralized import (
 )
 from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+from .iterative import MADPOIterConfig, MADPOIterTrainer
 from .marlhf import MARLHFConfig, MARLHFTrainer
 from .preference import MADPOConfig, MADPOTrainer
 from .reinforce import (
@@ -36,6 +38,8 @@ __all__ = [
     "MAACConfig",
     "MAACTrainer",
     "MADPOConfig",
+    "MADPOIterConfig",
+    "MADPOIterTrainer",
     "MADPOTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",

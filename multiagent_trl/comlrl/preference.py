@@ -191,22 +191,7 @@ class MADPOConfig(MultiAgentDPOConfig):
         if self.top_k is None:
             self.top_k = 0  # TRL's "no top-k filtering"
         self.num_generations = self.preference_num_candidates
-        # A generation batch is `rollout_buffer_size` items of K candidates; its pairs are split into optimizer steps
-        # of `train_batch_size` pairs on average.
-        items, per_step = self.rollout_buffer_size, self.comlrl_train_batch_size or self.rollout_buffer_size
-        steps = math.ceil(items * self.pairs_per_prompt / per_step)
-        rows = items * self.num_generations
-        if rows % steps != 0:
-            fitting = [s for s in range(1, rows + 1) if rows % s == 0]
-            raise ValueError(
-                f"`rollout_buffer_size={items}` items of `preference_num_candidates={self.num_generations}` "
-                f"candidates ({rows} completions per agent) must split evenly into the {steps} optimizer steps that "
-                f"`train_batch_size={per_step}` makes of their up to {items * self.pairs_per_prompt} pairs. Choose "
-                f"`train_batch_size` so that the step count divides {rows} (step counts that fit: {fitting}), or "
-                "change `rollout_buffer_size`."
-            )
-        self.per_device_train_batch_size = rows // steps
-        self.steps_per_generation = steps
+        self.per_device_train_batch_size, self.steps_per_generation = self._generation_batch()
         self.generation_batch_size = None  # TRL derives it from the two above
         if self.eval_interval > 0:
             self.eval_strategy, self.eval_steps, self.eval_on_start = "steps", self.eval_interval, True
@@ -221,6 +206,23 @@ class MADPOConfig(MultiAgentDPOConfig):
         super().__post_init__()
         if self.parallel_training == "none":
             _check_accelerate_device("agent_devices", spec, self.device)
+
+    def _generation_batch(self) -> tuple[int, int]:
+        """`(per_device_train_batch_size, steps_per_generation)`: a generation batch is `rollout_buffer_size` items of
+        K candidates; its pairs are split into optimizer steps of `train_batch_size` pairs on average."""
+        items, per_step = self.rollout_buffer_size, self.comlrl_train_batch_size or self.rollout_buffer_size
+        steps = math.ceil(items * self.pairs_per_prompt / per_step)
+        rows = items * self.num_generations
+        if rows % steps != 0:
+            fitting = [s for s in range(1, rows + 1) if rows % s == 0]
+            raise ValueError(
+                f"`rollout_buffer_size={items}` items of `preference_num_candidates={self.num_generations}` "
+                f"candidates ({rows} completions per agent) must split evenly into the {steps} optimizer steps that "
+                f"`train_batch_size={per_step}` makes of their up to {items * self.pairs_per_prompt} pairs. Choose "
+                f"`train_batch_size` so that the step count divides {rows} (step counts that fit: {fitting}), or "
+                "change `rollout_buffer_size`."
+            )
+        return rows // steps, steps
 
     def _check_comlrl_fields(self) -> None:
         """CoMLRL 1.4.3's own checks of `MADPOConfig` (those of fields the core names otherwise; the core checks the

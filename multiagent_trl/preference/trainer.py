@@ -192,29 +192,47 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
         weight[: len(pairs)] = 1.0
         filler = pairs[0] if pairs else (0, 0, 0)  # rows with weight 0 repeat a real pair (or any rows)
         pairs = pairs + [filler] * (slots - len(pairs))
-        batch: dict[str, Any] = {"pair_weight": weight}
-        for i in range(self.num_agents):
-            batch.update(self._pair_rows(i, level.rollouts[i], pairs, width))
+        token_pairs = [  # (pairs, agents) of (prompt ids, chosen ids, rejected ids)
+            [
+                (
+                    rollout.prompt_ids[node * width + winner],
+                    rollout.completion_ids[node * width + winner],
+                    rollout.completion_ids[node * width + loser],
+                )
+                for rollout in level.rollouts
+            ]
+            for node, winner, loser in pairs
+        ]
+        batch = self._preference_rows(token_pairs, weight)
         self._log_pairs(rewards, pairs, weight)
         return batch
 
-    def _pair_rows(self, index: int, rollout, pairs: list[tuple[int, int, int]], width: int) -> dict[str, Any]:
-        """Agent `index`'s rows for `pairs`: `prompt + chosen` and `prompt + rejected` token rows, attention masks
-        and scored-token masks (and the reference's log-probabilities), keyed `agent_{index}/...`."""
+    def _preference_rows(self, pairs: list[list[tuple[list[int], list[int], list[int]]]], weight: torch.Tensor):
+        """The training batch of `pairs`, whatever made them (this batch's candidates, or stored pair records):
+        `pairs[p][i]` is agent i's `(prompt ids, chosen completion ids, rejected completion ids)` of pair p, and
+        `weight` `(P,)` each pair's weight (0: a placeholder row). Returns `pair_weight` and every agent's rows."""
+        batch: dict[str, Any] = {"pair_weight": weight}
+        for i in range(self.num_agents):
+            batch.update(self._pair_rows(i, [pair[i] for pair in pairs]))
+        return batch
+
+    def _pair_rows(self, index: int, pairs: list[tuple[list[int], list[int], list[int]]]) -> dict[str, Any]:
+        """Agent `index`'s rows for `pairs` (its `(prompt, chosen, rejected)` token ids): `prompt + chosen` and
+        `prompt + rejected` token rows, attention masks and scored-token masks (and the reference's
+        log-probabilities), keyed `agent_{index}/...`."""
         tokenizer = self._agent_views[index]["_tokenizer"]
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         device = self.accelerator.device
 
-        def completion(row: int) -> torch.Tensor:
-            ids = torch.tensor(rollout.completion_ids[row], dtype=torch.long)
+        def completion(ids: list[int]) -> torch.Tensor:
+            ids = torch.tensor(ids, dtype=torch.long)
             return trim_completion(ids, pad) if self.args.drop_last_token else ids
 
         prompts, completions = [], []
-        for side in SIDES:  # the chosen rows, then the rejected rows
-            for node, winner, loser in pairs:
-                row = node * width + (winner if side == "chosen" else loser)
-                prompts.append(torch.tensor(rollout.prompt_ids[row], dtype=torch.long))
-                completions.append(completion(row))
+        for k in range(len(SIDES)):  # the chosen rows, then the rejected rows
+            for pair in pairs:
+                prompts.append(torch.tensor(pair[0], dtype=torch.long))
+                completions.append(completion(pair[1 + k]))
         input_ids, attention_mask, scored = pack_rows(prompts, completions, pad, self.args.drop_last_token)
         input_ids, attention_mask, scored = input_ids.to(device), attention_mask.to(device), scored.to(device)
         half = len(pairs)

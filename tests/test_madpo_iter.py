@@ -1,0 +1,285 @@
+"""Iterative MADPO (`multiagent_trl.comlrl.iterative`, `multiagent_trl.preference.replay`): the comparator pairs and
+the replay sampling against CoMLRL 1.4.3's own functions, a CoMLRL MADPOIter script with only its imports changed,
+and the config's fields and checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from multiagent_trl import MADPOIterConfig, MADPOIterTrainer
+from multiagent_trl.preference.replay import (
+    ReplayShard,
+    comparison_pairs,
+    lambda_decay_weights,
+    replay_sample_size,
+    replay_selection,
+    sample_replay,
+    write_shard,
+)
+from multiagent_trl.testing import tiny_model_path
+
+from .conftest import changed, snapshot
+from .test_actor_critic import run_script
+
+
+@pytest.fixture(scope="module")
+def theirs():
+    pytest.importorskip("comlrl", reason="the parity tests need comlrl==1.4.3 (pip install -e '.[dev]')")
+    from comlrl.trainers.preference import iterative
+
+    return iterative
+
+
+# ---- 1. comparator pairs: CoMLRL's `_select_policy_comparison_pairs` on fixed rewards
+
+REWARDS = [
+    ([1.0, 0.0, 2.0, 0.5], [0.0, 1.0, 2.0, 0.25]),
+    ([0.0, 0.0, 0.0], [1.0, 3.0, 2.0, 5.0]),  # K' > K: index-aligned over min(K, K')
+    ([3.0, 1.0, 2.0, 0.0, 1.5], [1.0, 1.0, 0.0, 2.0, 0.5]),
+    ([1.0, 1.0], [1.0, 1.0]),  # ties: no pair
+]
+
+
+@pytest.mark.parametrize("selection", ["comparator_reward", "reward_gap", "random", "all"])
+@pytest.mark.parametrize("limit", [None, 1, 2])
+@pytest.mark.parametrize("rewards", REWARDS)
+def test_comparison_pairs_match_comlrl(theirs, selection, limit, rewards):
+    if selection == "all" and limit is not None:
+        pytest.skip("CoMLRL's config requires no limit with 'all'")
+    current, comparator = rewards
+    host = SimpleNamespace(args=SimpleNamespace(pair_selection=selection, preference_pairs_per_sample=limit))
+    random.seed(7)
+    expected = theirs.MADPOIterTrainer._select_policy_comparison_pairs(host, current, comparator)
+    random.seed(7)
+    assert comparison_pairs(current, comparator, selection, limit) == expected
+
+
+# ---- 2. replay: CoMLRL's shard sampling and lambda weights on fixed shards
+
+
+def make_shards(tmp_path, sizes):
+    """Shards of `sizes` records each (0: an empty shard, written but not kept), records tagged by shard and index."""
+    shards = []
+    for it, size in enumerate(sizes, start=1):
+        records = [{"prompts": [f"s{it}-{k}"], "winner_reward": float(k)} for k in range(size)]
+        shard = write_shard(str(tmp_path), it, records)
+        assert (tmp_path / f"iteration_{it:04d}.json").is_file()
+        if shard is not None:
+            shards.append(shard)
+    return shards
+
+
+@pytest.mark.parametrize("replay_lambda", [0.0, 0.3, 0.8, 1.0])
+@pytest.mark.parametrize("count", [1, 2, 5])
+def test_lambda_weights_match_comlrl(theirs, replay_lambda, count):
+    host = SimpleNamespace(args=SimpleNamespace(preference_replay_lambda=replay_lambda))
+    expected = theirs.MADPOIterTrainer._lambda_decay_weights(host, count)
+    assert lambda_decay_weights(count, replay_lambda) == pytest.approx(expected, abs=0, rel=0)
+
+
+@pytest.mark.parametrize(
+    "mode, k, replay_lambda, sample_size",
+    [
+        ("current", None, None, None),
+        ("nearest_k", 2, None, None),
+        ("nearest_k", 1, None, 9),  # more than the shard holds: whole shuffled copies
+        ("all_history", None, None, 7),
+        ("lambda_decay", None, 0.5, 12),
+        ("lambda_decay", None, 1.0, None),
+    ],
+)
+def test_replay_selection_matches_comlrl(theirs, tmp_path, mode, k, replay_lambda, sample_size):
+    shards = make_shards(tmp_path, [3, 0, 5, 4])
+    assert [s.iteration for s in shards] == [1, 3, 4]
+    current = [{"prompts": ["s4-0"]}] * 4
+    host = SimpleNamespace(
+        args=SimpleNamespace(preference_replay_lambda=replay_lambda, preference_replay_sample_size=sample_size),
+        _load_replay_records=theirs.MADPOIterTrainer._load_replay_records,
+        _sample_replay_records=theirs.MADPOIterTrainer._sample_replay_records,
+        _preference_pair_from_record=lambda record: record,  # records stay records
+    )
+    their_shards = [theirs.PreferenceReplayShard(s.iteration, s.path, s.num_pairs) for s in shards]
+    trainer_cls = theirs.MADPOIterTrainer
+    size = trainer_cls._replay_sample_size(host, len(current), their_shards)
+    assert replay_sample_size(len(current), shards, sample_size) == size
+    random.seed(3)
+    if mode == "current":
+        expected = list(current)
+    else:
+        chosen = their_shards[-k:] if mode == "nearest_k" else their_shards
+        weights = trainer_cls._lambda_decay_weights(host, len(chosen)) if mode == "lambda_decay" else None
+        expected = trainer_cls._sample_replay_preferences(host, chosen, size, weights=weights)
+    random.seed(3)
+    ours = replay_selection(mode, current, shards, k, replay_lambda, sample_size)
+    assert ours == expected and len(ours) == (4 if mode == "current" else size)
+
+
+def test_sample_replay_skips_empty_shards(tmp_path):
+    empty = ReplayShard(9, str(tmp_path / "none.json"), 0)
+    assert sample_replay([empty], 3) == [] and sample_replay(make_shards(tmp_path, [2]), 0) == []
+
+
+# ---- 3. a CoMLRL MADPOIter script with only its imports changed
+
+MADPO_ITER_SCRIPT = """
+from datasets import Dataset
+from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer
+
+
+def length_reward(completions1, completions2):
+    return [min(len(b) / max(len(a), 1), 2.0) for a, b in zip(completions1, completions2)]
+
+
+length_reward.reward_range = (0.0, 2.0)
+
+
+def main(model_path, output_dir):
+    dataset = Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:", "Pick a word:", "Say hi:"]})
+    config = MADPOIterConfig(
+        num_iterations=2, num_agents=2, agent_learning_rate=1e-4, max_new_tokens=6,
+        preference_num_candidates=4, preference_pairs_per_sample=2, pair_selection="comparator_reward",
+        preference_replay_mode="lambda_decay", preference_replay_lambda=0.8, dpo_beta=0.1,
+        rollout_buffer_size=2, train_batch_size=2, eval_interval=0, logging_steps=1,
+        comparator_policy="current", policy_checkpoint_dir=output_dir + "/policies", log_reward_distribution=True,
+    )
+    config.output_dir = output_dir
+    trainer = MADPOIterTrainer(
+        agent_model=model_path,
+        num_agents=2,
+        reward_func=length_reward,
+        formatters=[lambda item: item["prompt"], lambda item: "Expand: " + item["prompt"]],
+        args=config,
+        train_dataset=dataset,
+    )
+    trainer.verbose = False
+    trainer.train()
+    trainer.save_model(output_dir + "/final")
+    return trainer
+"""
+
+OURS_MADPO_ITER = {
+    "from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer": (
+        "from multiagent_trl import MADPOIterConfig, MADPOIterTrainer"
+    ),
+}
+
+
+def test_madpo_iter_script_runs_with_only_its_imports_changed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing may land in the working directory
+    out = tmp_path / "out"
+    start = snapshot(MADPOIterTrainer(agent_model=tiny_model_path(), reward_func=lambda a, b: [0.0] * len(a)).model)
+    random.seed(0)
+    trainer = run_script(MADPO_ITER_SCRIPT, OURS_MADPO_ITER, tiny_model_path(), str(out))
+    for it in (1, 2):
+        shard = json.loads((out / "preference_replay" / f"iteration_{it:04d}.json").read_text())
+        assert shard["iteration"] == it and shard["num_pairs"] == len(shard["pairs"]) > 0
+        record = shard["pairs"][0]
+        assert len(record["prompts"]) == 2 and record["winner_reward"] > record["loser_reward"]
+        assert record["prompts"][1].startswith("Expand: ")
+        assert set(record["token_ids"]) == {"prompt", "winner", "loser"}
+    iterations = [log for log in trainer.state.log_history if "iter/current_iteration" in log]
+    assert [log["iter/current_iteration"] for log in iterations] == [1.0, 2.0]
+    # 4 items of 4 current and 4 comparator candidates per iteration.
+    assert iterations[0]["iter/reward_distribution/target_sample_count"] == 16
+    assert iterations[0]["iter/reward_distribution/comparator_sample_count"] == 16
+    assert 0.0 <= iterations[1]["iter/selected_reward_distribution/target_mean"] <= 2.0
+    current = [log["iter/current_preference_pairs"] for log in iterations]
+    trained = [log["iter/train_preference_pairs"] for log in iterations]
+    assert iterations[1]["iter/total_preference_pairs"] == sum(trained)
+    assert all(0 < c <= 8 for c in current)  # 4 items, at most 2 pairs each
+    # One update per 2 training pairs (the last one shorter), one epoch per iteration.
+    assert trainer.state.global_step == sum(-(-count // 2) for count in trained)
+    assert sum(trained) > 0 and {"agent_0/loss", "agent_1/rewards/margins"} <= set(trainer.state.log_history[1])
+    moved = changed(start, trainer.model)
+    assert any(n.startswith("agents.0.") for n in moved) and any(n.startswith("agents.1.") for n in moved)
+    for name in ("initial", "iteration_0000", "iteration_0001"):
+        for i in range(2):
+            assert (out / "policies" / name / f"agent_{i}" / "config.json").is_file()
+    assert (out / "final" / "agent_1" / "config.json").is_file()
+    assert not (tmp_path / "preference_replay").exists()  # CoMLRL's default is the working directory
+
+
+def test_training_on_a_comlrl_shard_retokenizes_its_text(tmp_path):
+    trainer = MADPOIterTrainer(
+        agent_model=tiny_model_path(),
+        reward_func=lambda a, b: [0.0] * len(a),
+        args=MADPOIterConfig(output_dir=str(tmp_path), num_iterations=1, report_to="none"),
+    )
+    record = {"prompts": ["Say hi:", "Say ho:"], "winner_completions": [" hi", " ho"], "loser_completions": ["x", ""]}
+    tokenizer = trainer.processing_class
+    tokens = trainer._record_tokens(record)
+    assert tokens[0] == (tokenizer.encode("Say hi:"), tokenizer.encode(" hi", add_special_tokens=False), [87])
+    before = snapshot(trainer.model)
+    trainer.model.train()
+    trainer.create_optimizer()
+    trainer.current_gradient_accumulation_steps = 1
+    assert trainer._train_pairs([record], updates=0) == 1
+    assert changed(before, trainer.model)
+
+
+# ---- 4. the config: CoMLRL's fields, defaults and checks
+
+
+def test_every_comlrl_field_is_accepted_with_its_default(theirs):
+    fields = [(f.name, f.default) for f in dataclasses.fields(theirs.MADPOIterConfig)]
+    assert len(fields) == 60
+    ours = {f.name: f.default for f in dataclasses.fields(MADPOIterConfig)}
+    for name, default in fields:
+        assert name in ours, name
+        assert ours[name] == default, name
+    config = MADPOIterConfig(report_to="none")
+    assert (config.num_iterations, config.num_train_epochs, config.num_generations) == (6, 1, 20)
+    assert (config.pair_selection, config.preference_pairs_per_sample) == ("comparator_reward", 4)
+    assert MADPOIterConfig(preference_replay_mode="TD_Lambda", preference_replay_lambda=1, report_to="none")
+
+
+@pytest.mark.parametrize(
+    "fields, error, message",
+    [
+        (dict(comparator_policy="api", comparator_api_url="http://localhost:1"), NotImplementedError, "no network"),
+        (dict(comparator_policy="api"), ValueError, "needs `comparator_api_url`"),
+        (dict(preference_replay_mode="nearest_k"), ValueError, "needs `preference_replay_k`"),
+        (dict(preference_replay_mode="lambda_decay", preference_replay_lambda=1.5), ValueError, r"in \[0, 1\]"),
+        (dict(preference_replay_mode="lambda_decay"), ValueError, "needs `preference_replay_lambda`"),
+        (dict(preference_replay_sample_size=4), ValueError, "only valid with"),
+        (dict(preference_replay_mode="all_history", preference_replay_k=2), ValueError, "only valid with"),
+        (dict(preference_replay_mode="sometimes"), ValueError, "preference_replay_mode"),
+        (dict(comparator_policy="model"), ValueError, "needs `comparator_model_name`"),
+        (dict(comparator_policy="model", comparator_model_name="m"), NotImplementedError, "'model'"),
+        (dict(comparator_policy="history"), NotImplementedError, "'history'"),
+        (dict(comparator_history_k=2), ValueError, "only valid with `comparator_policy='history'`"),
+        (dict(comparator_model_name="m"), ValueError, "only valid with `comparator_policy='model'`"),
+        (dict(comparator_devices="cpu"), NotImplementedError, "comparator_devices"),
+        (dict(comparator_num_candidates=0), ValueError, "comparator_num_candidates"),
+        (dict(num_iterations=0), ValueError, "num_iterations"),
+        (dict(pair_selection="best"), ValueError, "pair_selection"),
+        (dict(pair_selection="all"), ValueError, "preference_pairs_per_sample=None"),
+    ],
+)
+def test_bad_configs_raise_naming_the_field(theirs, fields, error, message):
+    if error is ValueError:
+        with pytest.raises(ValueError):  # CoMLRL refuses them too
+            theirs.MADPOIterConfig(**fields)
+    with pytest.raises(error, match=message):
+        MADPOIterConfig(**fields, report_to="none")
+
+
+def test_reward_distribution_needs_a_reward_range(tmp_path):
+    args = MADPOIterConfig(output_dir=str(tmp_path), log_reward_distribution=True, report_to="none")
+    with pytest.raises(ValueError, match="reward_range"):
+        MADPOIterTrainer(agent_model=tiny_model_path(), reward_func=lambda a, b: [0.0] * len(a), args=args)
+
+
+def test_comlrl_iteration_checkpoints_raise(tmp_path):
+    trainer = MADPOIterTrainer(
+        agent_model=tiny_model_path(),
+        reward_func=lambda a, b: [0.0] * len(a),
+        args=MADPOIterConfig(output_dir=str(tmp_path), report_to="none"),
+    )
+    with pytest.raises(NotImplementedError, match="policy_checkpoint_dir"):
+        trainer.train(checkpoint_dir=str(tmp_path / "ckpt"))
