@@ -188,16 +188,16 @@ DATASET = {"prompt": ["Name a red fruit:", "Name a sea fish:"] * 2}
 
 
 @pytest.mark.parametrize(
-    ("lora", "reference_free"),
-    [(False, True), (False, False), (True, False)],
-    ids=["models", "models-ref", "lora-ref"],
+    ("lora", "reference_free", "loss_type"),
+    [(False, True, "sigmoid"), (False, False, "sigmoid"), (True, False, "sigmoid"), (False, False, "hinge")],
+    ids=["models", "models-ref", "lora-ref", "models-ref-hinge"],
 )
-def test_native_trainer_trains_every_agent_and_saves(tmp_path, lora, reference_free):
+def test_native_trainer_trains_every_agent_and_saves(tmp_path, lora, reference_free, loss_type):
     kwargs = dict(peft_config=lora_config()) if lora else {}
     trainer = MultiAgentDPOTrainer(
         model=tiny_model_path(),
         reward_funcs=parity_reward,
-        args=native_args(tmp_path, reference_free=reference_free),
+        args=native_args(tmp_path, reference_free=reference_free, dpo_loss_type=loss_type),
         train_dataset=Dataset.from_dict(DATASET),
         **kwargs,
     )
@@ -473,6 +473,7 @@ def test_unsupported_comlrl_settings_raise_with_the_fix(fields, error, message):
     [
         (dict(pair_selection="all"), "preference_pairs_per_sample=None"),
         (dict(dpo_beta=0.0), "dpo_beta"),
+        (dict(dpo_loss_type="ipo"), "dpo_loss_type"),
         (dict(num_turns=2), "num_turns=1"),
         (dict(joint_mode="cross"), "joint_mode='aligned'"),
         (dict(beta=0.1), "dpo_beta"),

@@ -225,6 +225,23 @@ def test_reference_logratios_follow_trl_dpo():
         preference_logratios(chosen, rejected, ref_chosen)
 
 
+def test_hinge_joint_loss_is_trls_hinge_on_the_joint_margin():
+    """`dpo_loss_type="hinge"`: TRL's DPO hinge `relu(1 - beta * delta)` on the team's margin; agent i's gradient is
+    `-beta / B` where the joint margin is below 1, through its own log-ratio only."""
+    beta = 0.5
+    deltas = torch.tensor([[1.0, -2.0, 4.0], [0.5, 0.0, 0.1]], requires_grad=True)  # 2 agents, 3 pairs
+    losses = joint_dpo_losses(deltas, beta, loss_type="hinge")
+    joint = deltas.detach().sum(dim=0)  # margins 0.75, -1.0, 2.05 (times beta)
+    torch.testing.assert_close(losses, torch.relu(1 - beta * joint).mean().expand(2))
+    losses.sum().backward()
+    active = (beta * joint < 1).float()
+    torch.testing.assert_close(deltas.grad, (-beta / 3 * active).expand(2, 3))
+    single = joint_dpo_losses(deltas[:1].detach(), beta, loss_type="hinge")  # one agent: TRL's hinge
+    torch.testing.assert_close(single, torch.relu(1 - beta * deltas[:1].detach()).mean(dim=1))
+    with pytest.raises(ValueError, match="loss_type must be one of"):
+        joint_dpo_losses(deltas, beta, loss_type="ipo")
+
+
 # ---- MARLHF: the joint reward model
 
 

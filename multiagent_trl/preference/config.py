@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import MultiAgentGRPOConfig
+from .losses import JOINT_DPO_LOSS_TYPES
 from .pairs import PAIR_SELECTIONS
 
 
@@ -27,6 +28,10 @@ class MultiAgentDPOConfig(MultiAgentGRPOConfig):
     Parameters:
         dpo_beta (`float`, *optional*, defaults to `0.1`):
             DPO's inverse temperature beta (> 0). (GRPO's `beta`, a KL coefficient, must stay 0 here.)
+        dpo_loss_type (`str`, *optional*, defaults to `"sigmoid"`):
+            The loss on the team's joint margin `m = dpo_beta * sum_j delta_j`: `"sigmoid"` (`-logsigmoid(m)`, DPO's
+            and CoMLRL's) or `"hinge"` (`relu(1 - m)`, TRL's DPO `loss_type="hinge"`). (GRPO's `loss_type` does not
+            apply here.)
         pair_selection (`str`, *optional*, defaults to `"reward_gap"`):
             Which pairs of a prompt's candidates to train on. Allowed values (case-insensitive): `"reward_gap"`
             (largest reward gap first), `"random"` (a random order), `"all"` (every strictly ordered pair; needs
@@ -54,6 +59,13 @@ class MultiAgentDPOConfig(MultiAgentGRPOConfig):
     """
 
     dpo_beta: float = field(default=0.1, metadata={"help": "DPO's inverse temperature beta (> 0)."})
+    dpo_loss_type: str = field(
+        default="sigmoid",
+        metadata={
+            "help": "The loss on the joint margin: 'sigmoid' (DPO's) or 'hinge'.",
+            "choices": list(JOINT_DPO_LOSS_TYPES),
+        },
+    )
     pair_selection: str = field(
         default="reward_gap",
         metadata={
@@ -87,6 +99,11 @@ class MultiAgentDPOConfig(MultiAgentGRPOConfig):
             raise ValueError(
                 f"`preference_pairs_per_sample` must be at least 1, or None for no limit; got "
                 f"{self.preference_pairs_per_sample}."
+            )
+        if self.dpo_loss_type not in JOINT_DPO_LOSS_TYPES:
+            raise ValueError(
+                f"`dpo_loss_type` must be one of {JOINT_DPO_LOSS_TYPES} (TRL's DPO losses of the margin alone), got "
+                f"{self.dpo_loss_type!r}."
             )
         if not self.dpo_beta > 0:
             raise ValueError(f"`dpo_beta` must be > 0 (DPO's inverse temperature), got {self.dpo_beta}.")

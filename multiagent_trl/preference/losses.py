@@ -129,15 +129,23 @@ def preference_logratios(
 # ---- 3. MADPO's joint-factorised DPO loss
 
 
-def joint_dpo_losses(logratios: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
-    """`(N,)` each agent's MADPO loss: `mean_p -logsigmoid(beta * (delta_i(p) + sum_{j != i} delta_j(p).detach()))`.
+JOINT_DPO_LOSS_TYPES = ("sigmoid", "hinge")  # TRL's DPO losses that are a function of the margin alone
+
+
+def joint_dpo_losses(logratios: torch.Tensor, beta: float = 0.1, loss_type: str = "sigmoid") -> torch.Tensor:
+    """`(N,)` each agent's MADPO loss on the team's joint margin `m(p) = beta * (delta_i(p) + sum_{j != i}
+    delta_j(p).detach())`: `mean_p -logsigmoid(m)` (`"sigmoid"`, DPO's and CoMLRL's) or `mean_p relu(1 - m)`
+    (`"hinge"`, TRL's DPO hinge loss, SLiC).
 
     Args:
         logratios: `(N, B)` agent i's log-ratio on pair p (`preference_logratios`); row i carries agent i's graph.
         beta: DPO's inverse temperature (CoMLRL's `dpo_beta`, > 0).
+        loss_type: One of `JOINT_DPO_LOSS_TYPES`. (TRL's other DPO losses read more than the margin, e.g. IPO's
+            per-token normalization, and have no joint form here.)
 
     The value of every agent's joint margin is the same, `sum_j delta_j(p)`; its gradient reaches agent i only
-    through `delta_i`: `d loss_i = -(beta / B) * sum_p sigmoid(-beta * sum_j delta_j(p)) * d delta_i(p)`.
+    through `delta_i`: for `"sigmoid"`, `d loss_i = -(beta / B) * sum_p sigmoid(-beta * sum_j delta_j(p)) * d
+    delta_i(p)`.
 
     >>> deltas = torch.tensor([[1.0, -2.0], [3.0, 0.0]], requires_grad=True)  # 2 agents, 2 pairs
     >>> losses = joint_dpo_losses(deltas, beta=1.0)
@@ -146,14 +154,21 @@ def joint_dpo_losses(logratios: torch.Tensor, beta: float = 0.1) -> torch.Tensor
     >>> losses.sum().backward()
     >>> torch.allclose(deltas.grad[0], deltas.grad[1])  # each row gets its own loss's gradient only
     True
+    >>> joint_dpo_losses(torch.tensor([[0.5, 3.0]]), beta=1.0, loss_type="hinge").tolist()  # relu(1 - m), mean
+    [0.25]
     """
     if beta <= 0:
         raise ValueError(f"beta must be > 0; got {beta}.")
     if logratios.dim() != 2:
         raise ValueError(f"logratios must be (num_agents, num_pairs); got shape {tuple(logratios.shape)}.")
+    if loss_type not in JOINT_DPO_LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {JOINT_DPO_LOSS_TYPES}; got {loss_type!r}.")
     detached = logratios.detach()  # (N, B)
     others = detached.sum(dim=0, keepdim=True) - detached  # (N, B): the other agents' terms, no gradient
-    return -F.logsigmoid(beta * (logratios + others)).mean(dim=1)  # (N,)
+    margins = beta * (logratios + others)  # (N, B)
+    if loss_type == "hinge":
+        return torch.relu(1 - margins).mean(dim=1)  # (N,)
+    return -F.logsigmoid(margins).mean(dim=1)  # (N,)
 
 
 # ---- 4. the reward model's loss
@@ -169,6 +184,7 @@ def bradley_terry_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tenso
 
 
 __all__ = [
+    "JOINT_DPO_LOSS_TYPES",
     "bradley_terry_loss",
     "joint_dpo_losses",
     "pack_rows",

@@ -324,7 +324,7 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
         for i in range(n):
             delta, chosen, rejected = self._logratios(model, i, inputs, rows)
             logratios = torch.stack([delta if j == i else detached[j][0] for j in range(n)]) if n > 1 else delta[None]
-            loss = joint_dpo_losses(logratios, beta=self.args.dpo_beta)[i]
+            loss = joint_dpo_losses(logratios, self.args.dpo_beta, self.args.dpo_loss_type)[i]
             if not real:
                 loss = loss * 0.0
             if model.training:
