@@ -1,5 +1,6 @@
 import inspect
 import os
+import socket
 
 import pytest
 
@@ -138,3 +139,11 @@ def vllm_available():
     if os.environ.get("MULTIAGENT_TRL_REQUIRE_VLLM") == "1":
         pytest.fail(f"MULTIAGENT_TRL_REQUIRE_VLLM=1, but vLLM is not installed. {INSTALL_HINT}")
     pytest.skip(f"vLLM is not installed. {INSTALL_HINT}")
+
+
+def free_port() -> int:
+    """A TCP port free now: each two-process test launches its rendezvous on its own, so that runs side by side (two
+    pytest sessions on one machine) do not collide on Accelerate's default port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -26,7 +26,7 @@ from multiagent_trl.actor_critic.value_model import VALUE_HEAD_FILE, AdapterValu
 from multiagent_trl.comlrl.actor_critic import item_reward
 from multiagent_trl.testing import save_model_folder, tiny_model_path, tiny_tokenizer
 
-from .conftest import changed, lora_config, small_args, snapshot
+from .conftest import changed, free_port, lora_config, small_args, snapshot
 
 PROMPTS = ["Name a red fruit:", "Name a sea fish:"]  # the same length: no padding in TRL's batches
 MAX_NEW = 5
@@ -799,7 +799,8 @@ def test_two_processes_train_the_same_critics(tmp_path, kind):
     script.write_text(DDP_SCRIPT)
     tiny_model_path()  # built once, before two processes race to build it
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
+               "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                str(script), str(tmp_path), kind]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)

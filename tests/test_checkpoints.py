@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import torch
 from multiagent_trl import MultiAgentGRPOTrainer
 from multiagent_trl.team.checkpointing import publishes
 
-from .conftest import length_ratio, lora_config, small_args
+from .conftest import free_port, length_ratio, lora_config, small_args
 
 TWO_NODES = Path(__file__).parent / "scripts" / "two_nodes.py"
 
@@ -100,12 +99,6 @@ def test_one_process_per_storage_renames(storages, publishers):
         visible = [r for r, s in storages.items() if s == storage]  # the markers this node's main process sees
         assert publishes(rank, True, visible) == (rank in publishers), rank
         assert not publishes(rank + 1, False, visible)  # not a node's main process
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_nodes_publish_what_trainer_writes_on_each_storage(tmp_path):

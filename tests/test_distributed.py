@@ -11,7 +11,7 @@ import torch
 
 from multiagent_trl import MultiAgentGRPOTrainer
 
-from .conftest import length_ratio, small_args
+from .conftest import free_port, length_ratio, small_args
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_team.py"
 
@@ -21,7 +21,8 @@ def test_two_processes_train_the_same_team(tmp_path, tiny_path, kind):
     # On a CPU-only machine `--multi_gpu` starts gloo processes; ACCELERATE_USE_CPU makes transformers treat them as
     # one distributed run.
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
+               "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                str(SCRIPT), str(tmp_path), kind]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from multiagent_trl import MADPOConfig, MADPOTrainer, MultiAgentDPOConfig, MultiAgentDPOTrainer
 from multiagent_trl.testing import tiny_model_path
 
-from .conftest import changed, lora_config, small_args, snapshot
+from .conftest import changed, free_port, lora_config, small_args, snapshot
 from .test_actor_critic import LR, MAX_NEW, assert_same_update, fake_generate, parity_reward, run_script
 
 K = 4  # candidates per prompt
@@ -289,7 +289,8 @@ def test_two_processes_train_the_same_agents(tmp_path):
     script.write_text(DDP_SCRIPT)
     tiny_model_path()  # built once, before two processes race to build it
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
+               "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                str(script), str(tmp_path)]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from multiagent_trl import MultiAgentGRPOTrainer
 from multiagent_trl.testing import tiny_model_path
 
-from .conftest import small_args
+from .conftest import free_port, small_args
 
 SCRIPT = Path(__file__).parent / "scripts" / "fsdp_team.py"
 FSDP_CONFIG = Path(__file__).parents[1] / "examples" / "accelerate_configs" / "fsdp.yaml"
@@ -30,7 +30,8 @@ def launch(out_dir: Path, mode: str, use_cpu: bool) -> subprocess.CompletedProce
     env.pop("ACCELERATE_USE_CPU", None)
     if use_cpu:
         env["ACCELERATE_USE_CPU"] = "true"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG),
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
+               "--config_file", str(FSDP_CONFIG),
                "--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no",
                str(SCRIPT), str(out_dir), mode]  # fmt: skip
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)

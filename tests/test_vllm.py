@@ -29,7 +29,7 @@ from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: 
 from multiagent_trl.testing import tiny_model_path  # noqa: E402
 from multiagent_trl.vllm.engine import CPU_KV_CACHE_GIB, AgentSampling, check_vllm_installed  # noqa: E402
 
-from .conftest import recording  # noqa: E402
+from .conftest import free_port, recording  # noqa: E402
 
 PROMPTS = ["Describe a city in the clouds:", "Tell a joke about dinosaurs:", "Invent a holiday:", "Name a river:"]
 GREEDY_TOKENS = 12
@@ -342,7 +342,8 @@ def run_two_processes(tmp_path, kind: str, urls: list[str]) -> None:
     """`accelerate launch --num_processes 2` (gloo on the CPU) of `scripts/ddp_vllm_team.py`: both ranks train 2 steps
     with vLLM's log-probs equal to the model's at each (colocated engines, or the servers at `urls`)."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
+               "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                str(Path(__file__).parent / "scripts" / "ddp_vllm_team.py"), str(tmp_path), kind, *urls]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)

@@ -3,7 +3,6 @@ as the docs say, then the same checks as the colocated engines' (`tests/test_vll
 that name what a server lacks. Skips without vLLM, fails instead in CI (`MULTIAGENT_TRL_REQUIRE_VLLM=1`)."""
 
 import os
-import socket
 import subprocess
 import time
 
@@ -15,6 +14,7 @@ from peft import LoraConfig
 from multiagent_trl import MultiAgentGRPOTrainer
 from multiagent_trl.testing import tiny_model_path
 
+from .conftest import free_port
 from .test_vllm import (  # noqa: F401 (bare_vllm_environment, release_engines: autouse fixtures)
     PROMPTS,
     TEAMS,
@@ -25,12 +25,6 @@ from .test_vllm import (  # noqa: F401 (bare_vllm_environment, release_engines: 
     run_two_processes,
     vllm_args,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
