@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from multiagent_trl import MADPOConfig, MADPOTrainer, TaggedCentralizedComparatorAdapter
 from multiagent_trl.testing import tiny_model_path
@@ -94,8 +94,9 @@ def settings(**overrides):
     return {**fields, **overrides}
 
 
-def build_pair(comlrl, tmp_path, optimizer: str):
-    """CoMLRL's centralized MADPOTrainer and ours with the same settings on one item (default adapter)."""
+def build_pair(comlrl, tmp_path, optimizer: str, pad_is_eos: bool = False):
+    """CoMLRL's centralized MADPOTrainer and ours with the same settings on one item (default adapter). With
+    `pad_is_eos` both get a tokenizer whose pad token is the end token (CoMLRL then keeps the first one scored)."""
     ours_extra = dict(report_to="none", output_dir=str(tmp_path / "ours"))  # drop_last_token=False: CoMLRL's here
     if optimizer == "sgd":
         ours_extra.update(optim="sgd", weight_decay=0.0)
@@ -106,9 +107,14 @@ def build_pair(comlrl, tmp_path, optimizer: str):
         (MADPOConfig, MADPOTrainer, ours_extra),
     ):
         torch.manual_seed(0)
+        tokenizer = None
+        if pad_is_eos:
+            tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
+            tokenizer.pad_token = tokenizer.eos_token
         trainer = trainer_cls(
             agent_model=tiny_model_path(),
             num_agents=2,
+            tokenizer=tokenizer,
             reward_func=parity_reward,
             args=config_cls(**settings(**extra)),
             train_dataset=dataset,
@@ -124,13 +130,13 @@ def build_pair(comlrl, tmp_path, optimizer: str):
     return theirs, ours
 
 
-def their_scored(pairs, pad: int) -> list[tuple[list[int], list[int]]]:
+def their_scored(pairs, pad: int, eos: int) -> list[tuple[list[int], list[int]]]:
     """The completion tokens CoMLRL's centralized log-probability scores: every token up to the first pad (the end
     token included; CoMLRL adds it back where pad == eos)."""
 
     def scored(ids):
         ids = ids.tolist()
-        return ids[: ids.index(pad)] if pad in ids else ids
+        return ids[: ids.index(pad) + int(pad == eos)] if pad in ids else ids
 
     tensors = [pair.agent_tensors[0] for pair in pairs]
     return [(scored(t.winner_completion_ids), scored(t.loser_completion_ids)) for t in tensors]
@@ -139,18 +145,20 @@ def their_scored(pairs, pad: int) -> list[tuple[list[int], list[int]]]:
 # ---- 1. the same pairs, loss and weights as CoMLRL 1.4.3's centralized MADPO
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
-def test_update_matches_comlrl(comlrl, tmp_path, optimizer):
-    theirs, ours = build_pair(comlrl, tmp_path, optimizer)
+@pytest.mark.parametrize(
+    ("optimizer", "pad_is_eos"), [("adamw", False), ("sgd", False), ("adamw", True)], ids=["adamw", "sgd", "pad=eos"]
+)
+def test_update_matches_comlrl(comlrl, tmp_path, optimizer, pad_is_eos):
+    theirs, ours = build_pair(comlrl, tmp_path, optimizer, pad_is_eos)
     assert theirs.num_agents == ours.num_agents == 1 and ours.num_roles == 2
-    pad = ours.processing_class.pad_token_id
+    pad, ends = ours.processing_class.pad_token_id, ours.processing_class.eos_token_id
+    assert (pad == ends) == pad_is_eos
     theirs.agents[0].train()
     pairs = theirs._build_preference_dataset()  # what `train()` builds again (the same generate, the same pairs)
     assert 1 < len(pairs) <= K * (K - 1) // 2
     detached = theirs._detached_agent_deltas(pairs)
     their_loss = theirs._agent_preference_loss(0, pairs, detached).item()
-    scored = their_scored(pairs, pad)
-    ends = ours.processing_class.eos_token_id
+    scored = their_scored(pairs, pad, ends)
     # Completions that ended (the end token is scored) and completions cut at the budget (their last word is).
     assert {side[-1] == ends for pair in scored for side in pair} == {True, False}
 
