@@ -459,7 +459,6 @@ def test_bad_configs_raise_with_the_fix(comlrl, fields, message):
 @pytest.mark.parametrize(
     ("fields", "error", "message"),
     [
-        (dict(collaboration_mode="centralized"), NotImplementedError, "collaboration_mode='centralized'"),
         (dict(reference_kl_enabled=True), ValueError, "reference_free=False"),
         (dict(rollout_buffer_size=3, preference_num_candidates=3, train_batch_size=2), ValueError, "step counts"),
     ],

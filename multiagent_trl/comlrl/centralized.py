@@ -168,17 +168,21 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
 
     def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
         """`MAGRPOTrainer`'s evaluation metrics, with `eval_logger` given the roles' outputs `[role][row][turn]`."""
-        collaboration = self.centralized_collaboration
-        rows = trajectories.rows
-        role_prompts = [collaboration.role_prompts(row) for row in rows]  # (rows, roles)
-        roles = EvalTrajectories(
-            self.num_roles,
-            rows=rows,
-            prompts=[
-                [[prompts[r]] * len(turns) for prompts, turns in zip(role_prompts, trajectories.completions[0])]
-                for r in range(self.num_roles)
-            ],
-            completions=collaboration.split_eval(trajectories.completions, rows),
-            rewards=trajectories.rewards,
-        )
-        return super().trajectory_metrics(roles)
+        return super().trajectory_metrics(role_trajectories(self.centralized_collaboration, trajectories))
+
+
+def role_trajectories(collaboration: CentralizedCollaboration, trajectories: EvalTrajectories) -> EvalTrajectories:
+    """One writer's evaluation trajectories as the roles' (`[role][row][turn]`, each role with its own prompt), the
+    layout CoMLRL's `eval_logger` receives from a centralized team; the rewards are the joint ones."""
+    rows = trajectories.rows
+    role_prompts = [collaboration.role_prompts(row) for row in rows]  # (rows, roles)
+    return EvalTrajectories(
+        collaboration.num_roles,
+        rows=rows,
+        prompts=[
+            [[prompts[r]] * len(turns) for prompts, turns in zip(role_prompts, trajectories.completions[0])]
+            for r in range(collaboration.num_roles)
+        ],
+        completions=collaboration.split_eval(trajectories.completions, rows),
+        rewards=trajectories.rewards,
+    )

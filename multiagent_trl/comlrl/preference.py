@@ -40,14 +40,25 @@ Deliberate differences from CoMLRL 1.4.3, and why:
 6. A non-finite loss is not replaced by a constant 0.1 without gradient (CoMLRL's); it reaches TRL's Trainer.
 7. `reference_kl_enabled=True` raises: in CoMLRL's MADPO it loads reference models and never uses them. A frozen
    reference in the DPO loss is `reference_free=False` here.
-8. `collaboration_mode="centralized"` (and `centralized_comparator_adapter`) raise `NotImplementedError`: the
-   centralized team (one actor writing every role) is not ported yet.
-9. Evaluation needs no pair: it is MAGRPO's (one completion per item, `eval_turn_1/reward_mean`, ...), and the
+8. Evaluation needs no pair: it is MAGRPO's (one completion per item, `eval_turn_1/reward_mean`, ...), and the
    preference loss is not computed in evaluation.
+
+Centralized collaboration (`collaboration_mode="centralized"`, CoMLRL's): one model writes every role's output from one
+joint prompt. As in CoMLRL, `centralized_comparator_adapter` (default `TaggedCentralizedComparatorAdapter()`, checked
+in either mode) builds the joint prompt from the role formatters and splits each joint completion into the roles for
+the reward (`rewards.centralized.CentralizedCollaboration`: a completion without any role's section is scored with
+every role `""`); `num_agents` (constructor and config, which must agree) counts the roles, and the core trains one
+agent on its joint completions: the pairs are ordered by the roles' joint reward, and the DPO loss is that model's
+log-ratio alone. Every completion token is scored, the end token included, as CoMLRL's centralized log-probability
+does (`drop_last_token=False`, the default, is its parity here; CoMLRL drops the last token only in the decentralized
+mode). `eval_logger` receives the roles' outputs `[role][row][turn]`. The model saves as `agent_0/`. `trainer.args`
+is the core's copy with `num_agents=1`; the role count is `trainer.num_roles`. The differences above hold in this mode
+too (on-policy pairs per generation batch, in particular).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -58,7 +69,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..preference.config import MultiAgentDPOConfig
 from ..preference.trainer import MultiAgentDPOTrainer
-from .reinforce import PARALLEL_TRAINING, MAGRPOTrainer, _check_accelerate_device, _comlrl_batch_size, _device_list
+from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
+from ..rollout.evaluation import EvalTrajectories
+from .centralized import role_trajectories
+from .reinforce import (
+    PARALLEL_TRAINING,
+    MAGRPOTrainer,
+    _check_accelerate_device,
+    _comlrl_batch_size,
+    _device_list,
+    _one_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +120,8 @@ class MADPOConfig(MultiAgentDPOConfig):
         temperature, top_p, top_k (defaults `0.6`, `0.6`, `50`): sampling (`top_k=None`: no top-k filtering).
         num_train_epochs (`20`), num_agents (`2`), logging_steps (`50`): passes over the dataset, agents, log interval
             in optimizer steps.
-        collaboration_mode (`str`, defaults to `"decentralized"`): `"centralized"` is not supported yet (raises).
+        collaboration_mode (`str`, defaults to `"decentralized"`): `"centralized"`: one model writes every role
+            (`num_agents` roles; see the module docstring). Per-agent settings (`agent_devices`) are the one model's.
         parallel_training (`"none"`), agent_devices (`None`): `"mp"` puts each agent on its own device.
         eval_interval (`16`), eval_num_samples (`4`), eval_batch_size (`1`):
             Evaluate every `eval_interval` optimizer steps and before training, on the first `eval_num_samples` rows,
@@ -134,7 +156,8 @@ class MADPOConfig(MultiAgentDPOConfig):
     logging_steps: float = field(default=50, metadata={"help": "Log every this many optimizer steps."})
     num_agents: int | None = field(default=2, metadata={"help": "Number of agents."})
     collaboration_mode: str = field(
-        default="decentralized", metadata={"help": "'decentralized' (one model per agent); 'centralized' raises."}
+        default="decentralized",
+        metadata={"help": "'decentralized' (one model per agent) or 'centralized' (one model writes every role)."},
     )
     parallel_training: str = field(
         default="none", metadata={"help": "'none' (Accelerate's placement) or 'mp' (a device per agent)."}
@@ -186,6 +209,20 @@ class MADPOConfig(MultiAgentDPOConfig):
 
     def __post_init__(self):
         self._check_comlrl_fields()
+        if self.collaboration_mode != "centralized":
+            self._map_fields()
+            return
+        # One actor writes every role: everything read per agent (devices, learning rates, ...) is the one model's,
+        # and `num_agents` stays the role count, as in CoMLRL.
+        roles = self.num_agents
+        self.num_agents = 1
+        try:
+            self._map_fields()
+        finally:
+            self.num_agents = roles
+
+    def _map_fields(self) -> None:
+        """CoMLRL's fields onto the core's, then the core's own checks."""
         self.learning_rate = self.agent_learning_rate
         self.max_completion_length = self.max_new_tokens
         if self.top_k is None:
@@ -232,12 +269,15 @@ class MADPOConfig(MultiAgentDPOConfig):
             raise ValueError(
                 f"`collaboration_mode` must be 'decentralized' or 'centralized', got {self.collaboration_mode!r}."
             )
-        if mode == "centralized":
-            raise NotImplementedError(
-                "`collaboration_mode='centralized'` (one actor writing every role) is not ported yet: use "
-                "`collaboration_mode='decentralized'` (one model per agent)."
-            )
         self.collaboration_mode = mode
+        if mode == "centralized":  # CoMLRL's checks of the iterative configs' comparator fields, where they exist
+            if getattr(self, "comparator_centralized_agent_index", 0) != 0:
+                raise ValueError(
+                    "Centralized collaboration has one actor: `comparator_centralized_agent_index` must be 0, got "
+                    f"{self.comparator_centralized_agent_index}."
+                )
+            if hasattr(self, "comparator_generation_mode"):
+                self.comparator_generation_mode = "centralized"
         for name, minimum in (
             ("num_train_epochs", 1),
             ("num_agents", 1),
@@ -304,7 +344,10 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
             called once per joint candidate, with one-element lists, as CoMLRL calls it.
         args (`MADPOConfig`, *optional*): `None` uses `MADPOConfig()`.
         centralized_comparator_adapter (*optional*):
-            Serves `collaboration_mode="centralized"` only, which is not ported yet: giving one raises.
+            With `collaboration_mode="centralized"`: builds the joint prompt and splits the joint completion into the
+            roles (`build_prompt(item, role_prompts)`, `parse_completion(completion, item, num_agents)`); `None` is
+            `TaggedCentralizedComparatorAdapter()`, as in CoMLRL. Checked in either mode, used only in centralized
+            mode. Centralized mode takes one model (`agent_model`, or `agents` of one) and one tokenizer.
         **kwargs: `MultiAgentDPOTrainer`'s TRL arguments (`peft_config`, `callbacks`, ...).
 
     `train(resume_from_checkpoint=None, checkpoint_dir=None, checkpoint_interval=1, checkpoint_total_limit=None)`,
@@ -340,11 +383,28 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
         args = args if args is not None else self.default_config_cls()
         if not isinstance(args, MADPOConfig):
             raise TypeError(f"`args` is a {type(args).__name__}; MADPOTrainer needs a MADPOConfig.")
-        if centralized_comparator_adapter is not None:
-            raise NotImplementedError(
-                "`centralized_comparator_adapter` serves `collaboration_mode='centralized'`, which is not ported yet: "
-                "drop it and train decentralized agents."
-            )
+        # CoMLRL checks the adapter (its default: the tagged one) in either mode, and uses it in centralized mode.
+        adapter = centralized_comparator_adapter
+        adapter = TaggedCentralizedComparatorAdapter() if adapter is None else adapter
+        check_adapter(adapter, "centralized_comparator_adapter")
+        self.centralized_comparator_adapter = adapter
+        self.centralized_collaboration: CentralizedCollaboration | None = None
+        self.num_roles = num_agents
+        if args.collaboration_mode == "centralized":
+            agents = _one_of("model", kwargs.pop("model", None), "agents", agents)
+            agents, tokenizer = _one_actor(agents, tokenizer, num_agents)
+            reward_func = _one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", reward_func)
+            if not callable(reward_func):
+                raise ValueError(f"`reward_func` must be one callable (the roles' joint reward), got {reward_func!r}.")
+            if num_agents != args.num_agents:
+                raise ValueError(
+                    f"`num_agents={num_agents}` (the number of roles) must equal `args.num_agents={args.num_agents}`."
+                )
+            self.centralized_collaboration = CentralizedCollaboration(adapter, formatters, reward_func, num_agents)
+            formatters, reward_func = self.centralized_collaboration.build_prompt, self.centralized_collaboration
+            # The core trains one model: its config says one agent; the user's config keeps the role count.
+            args = copy.copy(args)
+            args.num_agents = num_agents = 1
         super().__init__(
             agent_model=agent_model,
             agents=agents,
@@ -364,9 +424,32 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
             **kwargs,
         )
 
+    def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
+        """MAGRPO's evaluation metrics; in centralized mode `eval_logger` gets the roles' outputs `[role][row][turn]`
+        (the joint completions split by the adapter), as CoMLRL's."""
+        if self.centralized_collaboration is not None:
+            trajectories = role_trajectories(self.centralized_collaboration, trajectories)
+        return super().trajectory_metrics(trajectories)
+
     def get_decay_parameter_names(self, model) -> list[str]:
         """Every parameter: CoMLRL's AdamW decays them all (Trainer exempts biases and norms)."""
         return [name for name, _ in model.named_parameters()]
+
+
+def _one_actor(agents, tokenizer, num_roles: int):
+    """Centralized mode's one model and tokenizer, each unwrapped from a list of one (CoMLRL accepts those)."""
+    if isinstance(agents, (list, tuple)):
+        if len(agents) != 1:
+            raise ValueError(
+                f"Centralized MADPO trains exactly one actor model (it writes all {num_roles} roles); got "
+                f"{len(agents)} in `agents`."
+            )
+        agents = agents[0]
+    if isinstance(tokenizer, (list, tuple)):
+        if len(tokenizer) != 1:
+            raise ValueError(f"Centralized MADPO has one actor model and one tokenizer; got {len(tokenizer)}.")
+        tokenizer = tokenizer[0]
+    return agents, tokenizer
 
 
 __all__ = ["MADPOConfig", "MADPOTrainer"]

@@ -114,12 +114,13 @@ class TaggedCentralizedComparatorAdapter:
         return outputs
 
 
-def check_adapter(adapter: Any) -> None:
-    """Raise a `TypeError` unless `adapter` has callable `build_prompt` and `parse_completion`."""
+def check_adapter(adapter: Any, argument: str = "centralized_adapter") -> None:
+    """Raise a `TypeError` unless `adapter` has callable `build_prompt` and `parse_completion` (`argument`: the
+    name the user gave it under, for the message)."""
     for name in ("build_prompt", "parse_completion"):
         if not callable(getattr(adapter, name, None)):
             raise TypeError(
-                f"`centralized_adapter` ({type(adapter).__name__}) has no callable `{name}`: an adapter needs "
+                f"`{argument}` ({type(adapter).__name__}) has no callable `{name}`: an adapter needs "
                 "`build_prompt(item, agent_prompts) -> str` and `parse_completion(completion, item, num_agents) -> "
                 "list[str]` (TaggedCentralizedComparatorAdapter() is CoMLRL's)."
             )
