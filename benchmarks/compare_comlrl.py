@@ -74,6 +74,8 @@ TRAIN_PROMPTS = [
 ]
 REWARD_SCALE = 100.0
 LIBRARIES = ("multiagent_trl", "comlrl")
+FAMILIES = ("magrpo", "ac")
+AC_TRAINERS = ("iac", "maac")
 DEFAULT_COMLRL_PYTHON = "/tmp/comlrl-venv/bin/python"
 
 
@@ -172,6 +174,42 @@ class Settings:
             "and the target ratio; both libraries then play CoMLRL's tree (G + G*G joint samples per prompt)."
         },
     )
+    family: str = field(
+        default="magrpo",
+        metadata={
+            "help": "'magrpo' (MAGRPOTrainer, one comparison per --advantage-modes value) or 'ac' (the actor-critic "
+            "trainers IAC and MAAC, one comparison per --trainers value).",
+            "choices": list(FAMILIES),
+        },
+    )
+    trainers: list[str] = field(
+        default_factory=lambda: list(AC_TRAINERS),
+        metadata={"help": "With --family ac: the actor-critic trainers to compare (iac, maac), each a comparison."},
+    )
+    ours_api: str = field(
+        default="comlrl",
+        metadata={
+            "help": "With --family ac: multiagent_trl's entry point. 'comlrl': IACTrainer/MAACTrainer, the same "
+            "script as CoMLRL's with only the import changed; 'native': ActorCriticTrainer/ActorCriticConfig with "
+            "the same settings and TRL's own loss (temperature-scaled log-probs, loss_type default).",
+            "choices": ["comlrl", "native"],
+        },
+    )
+    critic: str = field(
+        default="seed1",
+        metadata={
+            "help": "With --family ac: the critics' starting model: 'seed1' (the tiny model with other random "
+            "weights, tiny_model_path(seed=1)) or 'agent' (the agents' model).",
+            "choices": ["seed1", "agent"],
+        },
+    )
+    critic_type: str = field(
+        default="v", metadata={"help": "With --family ac: 'v' (V(prompt)) or 'q' (Q(prompt, completion)).", "choices": ["v", "q"]}
+    )
+    critic_learning_rate: float = field(
+        default=0.0, metadata={"help": "With --family ac: the critics' learning rate; 0 means --learning-rate."}
+    )
+    value_loss_coef: float = field(default=0.6, metadata={"help": "With --family ac: weight of the value loss."})
     comlrl_python: str = field(default=DEFAULT_COMLRL_PYTHON, metadata={"help": "Interpreter of the CoMLRL venv."})
     jobs: int = field(default=2, metadata={"help": "Training runs at once (CoMLRL's first)."})
     threads: int = field(
@@ -193,6 +231,22 @@ class Settings:
     @property
     def samples_per_step(self) -> int:
         return self.rollout_buffer_size * self.num_generations
+
+    @property
+    def ac_buffer_samples(self) -> int:
+        """The actor-critic trainers' `rollout_buffer_size`, which counts samples per agent, not prompts: every
+        sample of `rollout_buffer_size` prompts (all turns: CoMLRL's buffer holds each turn's samples)."""
+        return self.rollout_buffer_size * self.num_generations * self.num_turns
+
+    @property
+    def variants(self) -> list[str]:
+        """What each comparison varies: the advantage modes (MAGRPO) or the trainers (actor-critic)."""
+        return self.trainers if self.family == "ac" else self.advantage_modes
+
+    def variant_title(self, variant: str) -> str:
+        if self.family == "ac":
+            return f"{variant.upper()} (critic_type={self.critic_type!r}, critic {self.critic})"
+        return f"advantage_mode={variant!r} (advantage_normalization={self.advantage_normalization})"
 
 
 # --------------------------------------------------------------------------------------------------------- workers
@@ -343,10 +397,158 @@ def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str
     }
 
 
+# ------------------------------------------------------------------------------------------- actor-critic workers
+
+
+def ac_trainer(
+    library: str, settings: Settings, model_path: str, critic_path: str, output_dir: str, *, trainer: str, seed: int,
+    reward,
+):  # fmt: skip
+    """IAC or MAAC, one script for both libraries: CoMLRL 1.4.3's `comlrl.trainers.actor_critic` or multiagent_trl's
+    CoMLRL-compatible layer, with the same arguments; only the import differs (and, for ours, where TRL writes its
+    output, the seed, and no reporting or progress bars)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    if library == "comlrl":
+        os.environ.setdefault("WANDB_MODE", "disabled")
+        from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+        from comlrl.utils.reward_processor import RewardProcessors
+
+        bookkeeping = {}
+    else:
+        from multiagent_trl import IACConfig, IACTrainer, MAACConfig, MAACTrainer, RewardProcessors
+
+        bookkeeping = dict(output_dir=output_dir, seed=seed, report_to="none", disable_tqdm=True)
+    config_class, trainer_class = {"iac": (IACConfig, IACTrainer), "maac": (MAACConfig, MAACTrainer)}[trainer]
+    config = config_class(
+        num_train_epochs=settings.epochs,
+        agent_learning_rate=settings.learning_rate,
+        critic_learning_rate=settings.critic_learning_rate or settings.learning_rate,
+        value_loss_coef=settings.value_loss_coef,
+        advantage_normalization=settings.advantage_normalization,
+        rollout_buffer_size=settings.ac_buffer_samples,
+        train_batch_size=None,  # one optimizer step per agent, turn and buffer
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        num_agents=2,
+        num_generations=settings.num_generations,
+        num_turns=settings.num_turns,
+        discount=1.0,
+        critic_type=settings.critic_type,
+        early_termination_threshold=None,  # every episode plays all turns: equal samples
+        external_prompt_passthrough=True,
+        eval_interval=0,
+        logging_steps=1,
+        **bookkeeping,
+    )
+    trainer = trainer_class(
+        agent_model=model_path,
+        critic_model=critic_path,
+        tokenizer=AutoTokenizer.from_pretrained(model_path),
+        reward_func=reward,
+        reward_processor=RewardProcessors.scale(factor=REWARD_SCALE),
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
+        external_transition=length_hint if settings.num_turns > 1 else None,
+    )
+    trainer.verbose = False  # no tqdm bars or epoch prints
+    return trainer
+
+
+class ScaledReward:
+    """`reward` times REWARD_SCALE, for the native trainer (which has no `reward_processor`); `reward` records the
+    raw values."""
+
+    def __init__(self, reward) -> None:
+        self.reward = reward
+        self.__name__ = "proper_length_ratio_reward"
+
+    def __call__(self, *args, **kwargs) -> list[float]:
+        return [REWARD_SCALE * r for r in self.reward(*args)]
+
+
+def native_ac_trainer(
+    settings: Settings, model_path: str, critic_path: str, output_dir: str, *, trainer: str, seed: int, reward
+):
+    """multiagent_trl's own `ActorCriticTrainer` with the settings of `ac_trainer` (and CoMLRL's optimizer), but TRL's
+    loss as configured by default (`--ours-api native`)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from multiagent_trl import ActorCriticConfig, ActorCriticTrainer
+
+    config = ActorCriticConfig(
+        output_dir=output_dir,
+        num_train_epochs=settings.epochs,
+        learning_rate=settings.learning_rate,
+        critic_learning_rate=settings.critic_learning_rate or settings.learning_rate,
+        value_loss_coef=settings.value_loss_coef,
+        advantage_normalization=settings.advantage_normalization,
+        critic_type=settings.critic_type,
+        joint_critic=trainer == "maac",
+        critic_kind="model",
+        num_agents=2,
+        num_generations=settings.num_generations,
+        num_turns=settings.num_turns,
+        max_completion_length=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        per_device_train_batch_size=settings.ac_buffer_samples // settings.num_turns,
+        steps_per_generation=1,
+        shuffle_dataset=False,
+        logging_steps=1,
+        seed=seed,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        **MATCHED_OPTIMIZER,
+    )
+    return ActorCriticTrainer(
+        model=model_path,
+        reward_funcs=ScaledReward(reward),
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
+        processing_class=AutoTokenizer.from_pretrained(model_path),
+        critic_model=critic_path,
+        external_transition=length_hint if settings.num_turns > 1 else None,
+    )
+
+
+def train_ac(library: str, settings: Settings, args: WorkerArguments, output_dir: str) -> dict:
+    """One actor-critic run: every raw reward the reward function returns (both libraries call it once per dataset
+    item and turn, with each agent's list of completions), the logged per-step rewards (ours), and the times."""
+    seed_everything(args.seed, settings.threads)
+    reward = TurnRecordedReward() if settings.num_turns > 1 else RecordedReward()
+    common = dict(trainer=args.ac_trainer, seed=args.seed, reward=reward)
+    if library == "multiagent_trl" and settings.ours_api == "native":
+        trainer = native_ac_trainer(settings, args.model_path, args.critic_path, output_dir, **common)
+    else:
+        trainer = ac_trainer(library, settings, args.model_path, args.critic_path, output_dir, **common)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    trainer.train()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    state = getattr(trainer, "state", None)  # CoMLRL's trainers keep no log: the reward wrapper is the record
+    step_rewards = [e["reward"] for e in state.log_history if "reward" in e] if state is not None else None
+    return {
+        "step_rewards": step_rewards,
+        "raw_rewards": reward.rewards,
+        "turns": getattr(reward, "turns", None),
+        "train_seconds": wall,
+        "train_cpu_seconds": cpu,
+    }
+
+
 def run_worker(args: WorkerArguments, settings: Settings) -> None:
-    train = train_ours if args.worker == "multiagent_trl" else train_comlrl
     with tempfile.TemporaryDirectory() as output_dir:
-        result = train(settings, args.model_path, args.seed, output_dir, args.advantage_mode)
+        if settings.family == "ac":
+            result = train_ac(args.worker, settings, args, output_dir)
+        else:
+            train = train_ours if args.worker == "multiagent_trl" else train_comlrl
+            result = train(settings, args.model_path, args.seed, output_dir, args.advantage_mode)
     Path(args.out).write_text(json.dumps(result))
 
 
@@ -354,9 +556,11 @@ def run_worker(args: WorkerArguments, settings: Settings) -> None:
 
 
 def launch(
-    library: str, python: str, settings: Settings, model_path: str, seed: int, workdir: Path, mode: str
-) -> dict:
-    """Run one library's training in a subprocess under its own interpreter; return its result with wall time."""
+    library: str, python: str, settings: Settings, model_path: str, seed: int, workdir: Path, mode: str,
+    critic_path: str | None = None,
+) -> dict:  # fmt: skip
+    """Run one library's training in a subprocess under its own interpreter; return its result with wall time.
+    `mode`: the advantage mode (MAGRPO) or the trainer (actor-critic, with the critics' `critic_path`)."""
     out = workdir / f"{library}-{mode}-seed{seed}.json"
     log = workdir / f"{library}-{mode}-seed{seed}.log"
     command = [
@@ -370,8 +574,8 @@ def launch(
         str(seed),
         "--out",
         str(out),
-        "--advantage-mode",
-        mode,
+        *(["--ac-trainer", mode, "--critic-path", str(critic_path)] if settings.family == "ac" else []),
+        *(["--advantage-mode", mode] if settings.family != "ac" else []),
         *settings_to_flags(settings),
     ]
     threads = str(settings.threads)
@@ -392,7 +596,8 @@ def launch(
         raise RuntimeError(f"{library} (seed {seed}) failed with exit code {code}; log tail:\n{tail}")
     result = json.loads(out.read_text())
     result["process_seconds"] = wall
-    print(f"  done: {library} advantage_mode={mode} seed {seed}, {wall:.0f} s", flush=True)
+    what = mode if settings.family == "ac" else f"advantage_mode={mode}"
+    print(f"  done: {library} {what} seed {seed}, {wall:.0f} s", flush=True)
     return result
 
 
@@ -400,6 +605,8 @@ def per_sample_rewards(library: str, result: dict, settings: Settings) -> list[f
     """Scaled joint reward of every sample in generation order (ours: each step's logged mean, per sample)."""
     raw = [REWARD_SCALE * r for r in result["raw_rewards"]]
     if library == "comlrl" or settings.num_turns > 1:  # multi-turn: ours logs returns; the wrapper has every reward
+        return raw
+    if settings.family == "ac" and not result["step_rewards"]:
         return raw
     step = settings.samples_per_step
     logged = result["step_rewards"]
@@ -441,7 +648,7 @@ def print_report(
     size = settings.bin_samples
     seeds = ", ".join(map(str, settings.seeds))
     print(
-        f"\n=== advantage_mode={mode!r} (advantage_normalization={settings.advantage_normalization}) ===\n"
+        f"\n=== {settings.variant_title(mode)} ===\n"
         f"Joint reward (x{REWARD_SCALE:g}) vs samples seen per agent; bins of {size} samples, mean ± std over "
         f"seeds [{seeds}]"
     )
@@ -498,7 +705,7 @@ def print_turn_report(results: dict[str, list[dict]], settings: Settings, mode: 
             for t in curves[lib]:
                 rewards = [REWARD_SCALE * r for r, turn in zip(result["raw_rewards"], result["turns"]) if turn == t]
                 curves[lib][t].append(binned(rewards, prompts * g**t))
-    title = f"{settings.num_turns} turns, advantage_mode={mode!r}: joint reward (x{REWARD_SCALE:g}) per epoch and turn"
+    title = f"{settings.num_turns} turns, {settings.variant_title(mode)}: joint reward (x{REWARD_SCALE:g}) per epoch and turn"
     print(f"\n=== {title}")
     columns = [f"{lib[:6]} t{t}" for t in curves["comlrl"] for lib in LIBRARIES]
     print(f"{'epoch':>5} | " + " | ".join(f"{c:>15}" for c in columns))
@@ -515,6 +722,7 @@ def print_turn_report(results: dict[str, list[dict]], settings: Settings, mode: 
                 *[[statistics.fmean(c) for c in curves[lib][t]] for lib in LIBRARIES],
             )
         )
+        rows.append((f"turn {t}: final epoch", *[[c[-1] for c in curves[lib][t]] for lib in LIBRARIES]))
     per_prompt = {
         lib: [len(r["raw_rewards"]) / (prompts * settings.epochs) for r in results[lib]] for lib in LIBRARIES
     }
@@ -547,18 +755,25 @@ def run_driver(settings: Settings) -> None:
     if not Path(settings.comlrl_python).exists():
         sys.exit(f"CoMLRL interpreter {settings.comlrl_python} not found; see the install lines in the docstring.")
     model_path = tiny_model_path()
+    critic_path = None
+    if settings.family == "ac":
+        if settings.num_turns > 1 and settings.num_generations != 1:
+            sys.exit("Multi-turn actor-critic continues one completion per prompt: add --num-generations 1.")
+        critic_path = tiny_model_path(seed=1) if settings.critic == "seed1" else model_path
     if settings.bin_samples <= 0:
         settings.bin_samples = len(TRAIN_PROMPTS) * settings.num_generations
     if settings.threads <= 0:
         settings.threads = max(1, (os.cpu_count() or 1) // settings.jobs)
     pythons = {"multiagent_trl": sys.executable, "comlrl": settings.comlrl_python}
-    print(f"Model: {model_path}\nSettings: {json.dumps(asdict(settings))}", flush=True)
+    print(f"Model: {model_path}\nCritic: {critic_path}\nSettings: {json.dumps(asdict(settings))}", flush=True)
     # CoMLRL's runs are the slower ones: start them first so that the runs in flight finish close together.
-    modes = settings.advantage_modes
+    modes = settings.variants
     tasks = [(library, mode, seed) for mode in modes for library in reversed(LIBRARIES) for seed in settings.seeds]
     with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(max_workers=settings.jobs) as pool:
         futures = {
-            (lib, mode, seed): pool.submit(launch, lib, pythons[lib], settings, model_path, seed, Path(workdir), mode)
+            (lib, mode, seed): pool.submit(
+                launch, lib, pythons[lib], settings, model_path, seed, Path(workdir), mode, critic_path
+            )
             for lib, mode, seed in tasks
         }
         reports = {}
@@ -596,7 +811,7 @@ def settings_to_flags(settings: Settings) -> list[str]:
     """The shared flags, to hand the same settings to a worker."""
     flags = []
     for key, value in asdict(settings).items():
-        if key in ("seeds", "json_out", "figure", "comlrl_python", "jobs", "advantage_modes"):
+        if key in ("seeds", "json_out", "figure", "comlrl_python", "jobs", "advantage_modes", "trainers"):
             continue
         flags += [f"--{key.replace('_', '-')}", str(value)]
     return flags
@@ -611,6 +826,8 @@ class WorkerArguments:
     seed: int = field(default=0, metadata={"help": argparse.SUPPRESS})
     out: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
     advantage_mode: str = field(default="mean", metadata={"help": argparse.SUPPRESS})
+    ac_trainer: str = field(default="iac", metadata={"help": argparse.SUPPRESS})
+    critic_path: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[WorkerArguments, Settings]:
