@@ -2,6 +2,7 @@
 
 from .actor_critic import ActorCriticConfig, ActorCriticTrainer
 from .comlrl.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from .comlrl.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from .comlrl.reinforce import (
     MAGRPOConfig,
     MAGRPOTrainer,
@@ -13,6 +14,11 @@ from .comlrl.reinforce import (
     MARLOOTrainer,
 )
 from .config import MultiAgentGRPOConfig
+from .rewards.centralized import (
+    CentralizedComparatorAdapter,
+    CentralizedComparatorParseError,
+    TaggedCentralizedComparatorAdapter,
+)
 from .rewards.joint import RewardProcessor, RewardProcessors
 from .rewards.sandbox import ExecutionResult, Sandbox
 from .team.modules import AgentTeam
@@ -25,6 +31,10 @@ __all__ = [
     "ActorCriticConfig",
     "ActorCriticTrainer",
     "AgentTeam",
+    "CentralizedComparatorAdapter",
+    "CentralizedComparatorParseError",
+    "CentralizedMAGRPOConfig",
+    "CentralizedMAGRPOTrainer",
     "ExecutionResult",
     "IACConfig",
     "IACTrainer",
@@ -43,5 +53,6 @@ __all__ = [
     "RewardProcessor",
     "RewardProcessors",
     "Sandbox",
+    "TaggedCentralizedComparatorAdapter",
     "shared_environment",
 ]

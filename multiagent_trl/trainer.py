@@ -326,7 +326,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             names, weights = ["return"], torch.ones(1)
 
         # 3. TRL's own scoring per agent: advantages, old/ref log-probs, metrics.
-        outputs = self._score_agents(batch.agent_rows, batch.rollouts, batch.credit, names, weights)
+        outputs = self._score_agents(batch, names, weights)
         self._log_joint_samples(levels, outputs)
         for output in outputs if batch.trained_rows is not None else ():  # for `_compute_loss` (`trained_row_scale`)
             output["trained_rows"] = batch.trained_rows
@@ -437,18 +437,18 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         bounds = torch.tensor([0] + [len(ids) for ids in prompt_ids]).cumsum(0).tolist()
         return [completion_ids[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
 
-    def _score_agents(self, agent_inputs, rollouts: list[Rollout], credited, names, weights) -> list[dict[str, Any]]:
+    def _score_agents(self, batch: EpisodeBatch, names, weights) -> list[dict[str, Any]]:
         """TRL's `_generate_and_score_completions` once per agent, replaying its rollout and credited rewards."""
-        outputs = []
+        outputs, credited = [], batch.credit
         for i in range(self.num_agents):
-            replay = Replay(rollout=rollouts[i], rewards=credited[i])
+            replay = Replay(rollout=batch.rollouts[i], rewards=credited[i])
             # TRL reads the number of reward functions from `reward_funcs`; it must match the replayed columns.
             swapped = dict(
                 _replay=replay, reward_func_names=names, reward_weights=weights, reward_funcs=[None] * len(names)
             )
             swapped.update(**REPLAY_STATE, **self._vllm_state())  # the environments and tools were used in step 1
             with self._agent_view(i), self._swap(**swapped):
-                outputs.append(super()._generate_and_score_completions(agent_inputs[i]))
+                outputs.append(super()._generate_and_score_completions(batch.agent_rows[i]))
             if self.args.advantage_baseline != "mean":  # TRL computed GRPO's; replace them with the baseline's
                 group = self.num_generations if self.model.training else self.num_generations_eval
                 rewards, process = weighted_sum(credited[i], weights), self.accelerator.process_index

@@ -73,12 +73,12 @@ def comlrl():
     return actor_critic
 
 
-def build_pair(comlrl, family: str, tmp_path, num_agents: int = 2, **fields):
+def build_pair(comlrl, family: str, tmp_path, num_agents: int = 2, transition=None, **fields):
     """The same CoMLRL settings under CoMLRL and under our port, generation replaced by `fake_generate`."""
     settings = dict(
         num_agents=num_agents,
-        num_turns=1,
-        num_generations=2,
+        num_turns=fields.pop("num_turns", 1),
+        num_generations=fields.pop("num_generations", 2),
         rollout_buffer_size=4,
         max_new_tokens=MAX_NEW,
         num_train_epochs=1,
@@ -108,6 +108,7 @@ def build_pair(comlrl, family: str, tmp_path, num_agents: int = 2, **fields):
             reward_func=reward,
             args=config_cls(**settings, **extra),
             train_dataset=dataset,
+            external_transition=transition,
             **kwargs,
         )
         trainer.verbose = False
@@ -195,6 +196,49 @@ def test_maac_actors_match_comlrl_with_two_agents(comlrl, tmp_path):
     ours.train()
     assert_same_update(pairs_of(theirs, ours, critics=False))
     assert moved(ours.critics[0], tiny_model_path(seed=1)) > 0.5 * LR
+
+
+def digit_transition(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
+    """Turn 2's prompts tell each agent its length (one digit: every row keeps one prompt length, no padding)."""
+    return [f"{prompt} [{len(c) % 10}]" for c in agent_completions]
+
+
+def comlrl_episodes(theirs, items):
+    """CoMLRL's rollouts of `items`, their advantages prepared as its buffer does (per agent, per turn)."""
+    samples = [s for item in items for s in theirs._collect_rollouts(item)]
+    for group in {(s.agent_idx, s.metadata["turn_idx"]) for s in samples}:
+        theirs._prepare_advantages([s for s in samples if (s.agent_idx, s.metadata["turn_idx"]) == group])
+    return samples
+
+
+@pytest.mark.parametrize(
+    "family, fields",
+    [("IAC", dict(critic_type="v")), ("IAC", dict(critic_type="q")), ("MAAC", dict(critic_type="v"))],
+    ids=["iac-v", "iac-q", "maac-v"],
+)
+def test_two_turn_targets_and_advantages_match_comlrl(comlrl, tmp_path, family, fields):
+    """Two turns on the same completions: each row's rollout value, TD target `r_1 + discount * V_old(turn 2)` (the
+    last turn: its reward) and advantage (normalized per agent and turn over the buffer) equal CoMLRL's."""
+    theirs, ours = build_pair(
+        comlrl, family, tmp_path, num_turns=2, num_generations=1, discount=0.9, transition=digit_transition, **fields
+    )
+    items = [{"prompt": p} for p in PROMPTS]
+    samples = comlrl_episodes(theirs, items)
+    ours.model.train()
+    batch = ours._generate_and_score_completions(items)
+    for i in range(2):
+        # Our rows: turn 1 of every item, then turn 2; CoMLRL's samples: item by item, turn by turn.
+        their = sorted((s for s in samples if s.agent_idx == i), key=lambda s: s.metadata["turn_idx"])
+        expected = {
+            "old_values": [float(s.old_value) for s in their],
+            "value_targets": [float(s.metadata["adv_target"]) for s in their],
+            "advantages": [float(s.normalized_advantage) for s in their],
+        }
+        for key, values in expected.items():
+            torch.testing.assert_close(
+                batch[f"agent_{i}/{key}"].float().cpu(), torch.tensor(values), rtol=0, atol=2e-5, msg=key
+            )
+        assert batch[f"agent_{i}/value_targets"][0] != batch[f"agent_{i}/value_targets"][2]  # not the reward alone
 
 
 # ---- 2. CoMLRL-style scripts with only their imports changed
@@ -319,6 +363,71 @@ def test_maac_script_runs_with_only_its_imports_changed(tmp_path, comlrl):
     assert (tmp_path / "theirs" / "critic" / VALUE_HEAD_FILE).is_file()
 
 
+TWO_TURN_SCRIPT = """
+from datasets import Dataset
+from comlrl.trainers.actor_critic import MAACConfig, MAACTrainer
+
+
+def length_reward(completions1, completions2):
+    return [min(len(b) / max(len(a), 1), 2.0) for a, b in zip(completions1, completions2)]
+
+
+def feedback(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
+    return [f"You wrote {len(c)} characters. Try again: {prompt}" for c in agent_completions]
+
+
+def formatter(item):
+    return "Task: " + item["prompt"] + " (first asked: " + item.get("_original_prompt", "now") + ")"
+
+
+def main(model_path, output_dir, callback_log):
+    dataset = Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:", "Pick a word:", "Say hi:"]})
+    config = MAACConfig(
+        num_agents=2, num_turns=2, num_generations=1, rollout_buffer_size=4, max_new_tokens=6,
+        num_train_epochs=1, agent_learning_rate=1e-4, critic_learning_rate=1e-4, discount=0.9,
+        early_termination_threshold=None, eval_interval=0,
+    )
+    trainer = MAACTrainer(
+        agent_model=model_path,
+        critic_model=model_path,
+        reward_func=length_reward,
+        formatters=formatter,
+        args=config,
+        train_dataset=dataset,
+        external_transition=feedback,
+        metrics_callback=lambda samples: callback_log.append(samples) or {"samples": len(samples)},
+    )
+    trainer.verbose = False
+    trainer.train()
+    trainer.save_model(output_dir)
+    return trainer
+"""
+
+
+def test_two_turn_script_runs_with_only_its_imports_changed(tmp_path, comlrl):
+    log: list = []
+    imports = {
+        "from comlrl.trainers.actor_critic import MAACConfig, MAACTrainer": OURS_MAAC[
+            "from comlrl.trainers.actor_critic import MAACConfig, MAACTrainer"
+        ]
+    }
+    trainer = run_script(TWO_TURN_SCRIPT, imports, tiny_model_path(), str(tmp_path / "ours"), log)
+    assert trainer.state.global_step == 2  # 4 items, a buffer of 4 samples = 2 two-turn episodes
+    # metrics_callback: once per item, with both turns of both agents, each turn's reward and reward-to-go.
+    assert len(log) == 4 and all(len(samples) == 4 for samples in log)
+    first = log[0]
+    assert [(s.agent_idx, s.metadata["turn_idx"]) for s in first] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert first[0].prompt == "Task: Write a title: (first asked: now)"
+    assert first[1].prompt.startswith("Task: You wrote ") and first[1].prompt.endswith("(first asked: Write a title:)")
+    assert float(first[0].returns) == pytest.approx(float(first[0].reward) + float(first[1].reward))
+    assert float(first[1].metadata["adv_target"]) == pytest.approx(float(first[1].reward))  # the last turn
+    logged = trainer.state.log_history[0]
+    assert {"turn_1/reward_mean", "turn_2/reward_mean", "turn_2/expected_return", "samples"} <= set(logged)
+    assert (tmp_path / "ours" / "critic" / VALUE_HEAD_FILE).is_file()
+    run_script(TWO_TURN_SCRIPT, {}, tiny_model_path(), str(tmp_path / "theirs"), [])  # the script is CoMLRL's
+    assert (tmp_path / "theirs" / "critic" / VALUE_HEAD_FILE).is_file()
+
+
 def test_one_agent_iac_saves_flat_like_comlrl(tmp_path, tiny_path, prompts_dataset):
     args = IACConfig(num_agents=1, num_turns=1, max_new_tokens=4, rollout_buffer_size=4, report_to="none")
     trainer = IACTrainer(agent_model=tiny_path, critic_model=tiny_path, reward_func=solo_reward, args=args)
@@ -404,6 +513,11 @@ def test_comlrl_fields_map_onto_the_core():
         5e-6,  # CoMLRL's head trains in the agent's optimizer
     )
     assert MAACConfig(num_turns=1).joint_critic
+    # Two turns: CoMLRL's buffer of 4 samples holds 2 episodes; a step of 4 samples, 2 episodes.
+    two = IACConfig(num_turns=2, rollout_buffer_size=4, train_batch_size=4)
+    assert (two.per_device_train_batch_size, two.steps_per_generation, two.ended_return) == (2, 1, "reward")
+    four = IACConfig(num_turns=4, rollout_buffer_size=1)  # CoMLRL's Minecraft: a buffer of one sample
+    assert (four.per_device_train_batch_size, four.steps_per_generation) == (1, 1)
 
 
 @pytest.mark.parametrize(
@@ -415,6 +529,7 @@ def test_comlrl_fields_map_onto_the_core():
         (ActorCriticConfig, dict(critic_type="advantage", output_dir="x"), "critic_type"),
         (IACConfig, dict(num_turns=1, num_generations=3, rollout_buffer_size=8), "multiple of `num_generations"),
         (IACConfig, dict(num_turns=1, rollout_buffer_size=6, train_batch_size=4), "multiple of `train_batch_size"),
+        (IACConfig, dict(num_turns=4, rollout_buffer_size=20, train_batch_size=10), "multiple of the second"),
         (IACConfig, dict(reference_kl_enabled=True), "beta"),
         (IACConfig, dict(parallel_training="mp"), "agent_devices"),
         (IACConfig, dict(parallel_training="gpus"), "parallel_training"),
@@ -437,6 +552,10 @@ def other_vocabulary_model(tmp_path) -> str:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
     model.resize_token_embeddings(len(tokenizer))
     return save_model_folder(tmp_path / "other-vocab", model, tokenizer)
+
+
+def native_transition(row, histories, turn):
+    return [f"{row['prompt']} (you wrote {len(h[-1])} characters)" for h in histories]
 
 
 def native_args(tmp_path, **fields):
@@ -471,7 +590,6 @@ def test_joint_critic_too_short_for_the_joint_text_raises(tmp_path, tiny_path, p
 @pytest.mark.parametrize(
     "fields, kwargs, message",
     [
-        (dict(num_turns=2, num_generations=1), {}, "multi-turn"),
         (dict(critic_kind="adapter"), {}, "LoRA team"),
         (dict(critic_kind="head"), dict(critic_model="x"), "critic_model"),
     ],
@@ -497,8 +615,10 @@ def test_unsupported_settings_raise(tmp_path, tiny_path, prompts_dataset, fields
         dict(critic_type="v", num_generations=1),  # IAC, one completion per prompt
         dict(critic_type="q", joint_critic=True),  # MAAC
         dict(critic_type="q", critic_kind="head", value_clip_range=0.2, critic_value_head_hidden_dim=8),
+        dict(critic_type="v", num_generations=1, num_turns=2, discount=0.9),  # TD targets over two turns
+        dict(critic_type="q", num_generations=1, num_turns=2, joint_critic=True),
     ],
-    ids=["iac-v-g1", "maac-q", "head-q"],
+    ids=["iac-v-g1", "maac-q", "head-q", "iac-v-two-turns", "maac-q-two-turns"],
 )
 def test_native_trainer_trains_every_actor_and_critic_parameter(tmp_path, tiny_path, prompts_dataset, fields):
     trainer = ActorCriticTrainer(
@@ -506,6 +626,7 @@ def test_native_trainer_trains_every_actor_and_critic_parameter(tmp_path, tiny_p
         reward_funcs=parity_reward,
         args=native_args(tmp_path, **fields),
         train_dataset=prompts_dataset,
+        external_transition=native_transition if fields.get("num_turns", 1) > 1 else None,
     )
     before = snapshot(trainer.model)
     trainer.train()

@@ -49,8 +49,9 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
             Standardize each agent's advantages over its completions of the whole generation batch (gathered across
             processes; population std, at least 1e-6). `False` keeps `y - V_old`.
 
-    Multi-turn episodes (`num_turns > 1`, TD targets) are not supported by the trainer yet. `rollout` defaults to
-    `"linear"` here (one trajectory per completion), the shape a multi-turn actor-critic needs.
+    Multi-turn episodes (`num_turns > 1`, with the trainer's `external_transition`): each turn's target is the TD(0)
+    target `r_t + discount * V_old(t + 1)` (the last turn played: its return), advantages are standardized per turn,
+    and an episode continues one completion per prompt (`num_generations=1`). `rollout` defaults to `"linear"` here.
 
     > [!NOTE]
     > `scale_rewards`, `advantage_baseline` and `joint_mode` have no effect on the advantages here (the critic's

@@ -194,6 +194,34 @@ def td_targets(
     return targets.to(torch.promote_types(rewards.dtype, torch.float32))
 
 
+def bootstrapped_targets(
+    returns: torch.Tensor, old_values: torch.Tensor, successors: torch.Tensor, discount: float = 1.0
+) -> torch.Tensor:
+    """`(B,)` TD(0) targets of a rollout's rows from the returns the team core credits them with.
+
+    On a trajectory a row's return is `G_t = r_t + discount * G_{t+1}`, so its TD target
+    `r_t + discount * V_old(t + 1)` is `G_t + discount * (V_old(t + 1) - G_{t+1})`; a row with no successor (the
+    last turn its episode played) keeps `G_t` (its reward, or with the core's `ended_return="stand"` the answer that
+    stands for the remaining turns). The same targets as `td_targets`, for rows in any order.
+
+    Args:
+        returns: `(B,)` each row's return (NaN: no reward; a NaN next return counts as 0, as the core sums it).
+        old_values: `(B,)` the critic's rollout-time values.
+        successors: `(B,)` the row continuing each row's episode in the next turn, -1 for none.
+        discount: Of the bootstrap.
+
+    >>> returns = torch.tensor([1.0 + 0.5 * 2.0, 2.0])  # r = (1, 2) on one trajectory
+    >>> bootstrapped_targets(returns, torch.tensor([10.0, 20.0]), torch.tensor([1, -1]), 0.5).tolist()
+    [11.0, 2.0]
+    """
+    g, v = returns.double(), old_values.double()  # (B,)
+    has_next = successors >= 0
+    following = successors.clamp(min=0)
+    bootstrap = discount * (v[following] - torch.nan_to_num(g[following]))
+    targets = torch.where(has_next, g + bootstrap, g)
+    return targets.to(torch.promote_types(returns.dtype, torch.float32))
+
+
 def reward_to_go(rewards: torch.Tensor, played: torch.Tensor | None = None) -> torch.Tensor:
     """`(B, turns)` the undiscounted sum of the rewards from each turn on (CoMLRL's logged `expected_return`);
     NaN at turns not played.

@@ -6,7 +6,8 @@ How one generation batch flows:
    scoring runs per agent (`MultiAgentGRPOTrainer._score_agents`).
 2. `_score_agents` (here) then replaces each agent's advantages: the critic's value V_old of every row is computed
    once, without gradient, on the rollout; the target y is the reward the row is credited with; the advantage is
-   `y - V_old`, standardized over the agent's rows of the whole generation batch (`estimators.advantages`). The
+   `y - V_old`, standardized over the agent's rows of the whole generation batch (`estimators.advantages`; per turn
+   in a multi-turn rollout, where y is the TD target `r_t + discount * V_old(t + 1)`, `bootstrapped_targets`). The
    values and targets are stored in the batch under the agent's `agent_{i}/` prefix, so that they travel with their
    rows through TRL's shuffling and splitting into optimizer steps.
 3. `_compute_loss` runs the core's loss (each agent's TRL GRPO loss, on these advantages), then each critic's value
@@ -35,7 +36,14 @@ from ..rewards.joint import weighted_sum
 from ..team.optim import ParameterGroup
 from ..trainer import MultiAgentGRPOTrainer
 from .config import ActorCriticConfig
-from .estimators import advantages, joint_critic_text, value_loss, value_positions, values_at
+from .estimators import (
+    advantages,
+    bootstrapped_targets,
+    joint_critic_text,
+    value_loss,
+    value_positions,
+    values_at,
+)
 from .value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHead
 
 # Keys `_score_agents` adds to each agent's part of the batch; `_compute_loss` takes them out before TRL's loss.
@@ -184,11 +192,6 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             raise TypeError(
                 f"`args` is a {type(args).__name__}; ActorCriticTrainer needs an ActorCriticConfig, which takes every "
                 "MultiAgentGRPOConfig field and the critic's."
-            )
-        if args.num_turns > 1:
-            raise NotImplementedError(
-                f"`num_turns={args.num_turns}`: multi-turn actor-critic training (TD targets over turns) is not "
-                "implemented yet. Set `num_turns=1`, or train multi-turn episodes with MultiAgentGRPOTrainer."
             )
         if critic_model is not None and args.critic_kind != "model":
             raise ValueError(
@@ -361,29 +364,34 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
 
     # ------------------------------------------------------------------ advantages
 
-    def _score_agents(self, agent_inputs, rollouts, credited, names, weights) -> list[dict[str, Any]]:
-        outputs = super()._score_agents(agent_inputs, rollouts, credited, names, weights)
+    def _score_agents(self, batch, names, weights) -> list[dict[str, Any]]:
+        outputs = super()._score_agents(batch, names, weights)
         mode = "train" if self.model.training else "eval"
         device = self.accelerator.device
         rows = outputs[0]["completion_ids"].shape[0]
         start = self.accelerator.process_index * rows
         if self.args.joint_critic:
-            ids, mask, positions = self._joint_critic_inputs(agent_inputs, rollouts)
+            ids, mask, positions = self._joint_critic_inputs(batch.agent_rows, batch.rollouts)
             old = self._rollout_values(0, ids, mask, positions)
             outputs[0].update(critic_input_ids=ids, critic_attention_mask=mask, critic_positions=positions)
+        groups = None if batch.turns is None else self.accelerator.gather(batch.turns)  # CoMLRL: per turn
         for i, output in enumerate(outputs):
             if not self.args.joint_critic:
                 ids, mask, positions = self._agent_critic_inputs(output)
                 old = self._rollout_values(i, ids, mask, positions)
                 output["critic_positions"] = positions
-            target_all = weighted_sum(credited[i].to(device), weights)  # (rows of every process,)
-            old_all = self.accelerator.gather(old)
-            advantage = advantages(target_all, old_all, normalize=self.args.advantage_normalization)
+            target = weighted_sum(batch.credit[i][start : start + rows].to(device), weights).float()  # (rows,)
+            if batch.successors is not None:  # a multi-turn rollout: TD targets, untrained rows left out
+                target = bootstrapped_targets(target, old, batch.successors, self.args.discount)
+                target = target.masked_fill(~batch.trained, float("nan"))
+            target_all, old_all = self.accelerator.gather(target), self.accelerator.gather(old)
+            advantage = advantages(target_all, old_all, normalize=self.args.advantage_normalization, groups=groups)
             output["advantages"] = advantage[start : start + rows].to(device)
             output["old_values"] = old
-            output["value_targets"] = target_all[start : start + rows].float()
+            output["value_targets"] = target
             prefix = self.agent_metric_prefix(i)
-            self._metrics[mode][f"{prefix}value_mean"].append(old_all.float().mean().item())
+            trained = ~torch.isnan(target_all)
+            self._metrics[mode][f"{prefix}value_mean"].append(old_all.float()[trained].mean().item())
             self._metrics[mode][f"{prefix}value_target_mean"].append(torch.nanmean(target_all.float()).item())
         return outputs
 

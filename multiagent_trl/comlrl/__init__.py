@@ -1,7 +1,13 @@
 """CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`) and
-the actor-critic family (`actor_critic`)."""
+the actor-critic family (`actor_critic`), and centralized MAGRPO (`centralized`: one model writes every role)."""
 
+from ..rewards.centralized import (
+    CentralizedComparatorAdapter,
+    CentralizedComparatorParseError,
+    TaggedCentralizedComparatorAdapter,
+)
 from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from .reinforce import (
     COMLRL_TWINS,
     MAGRPOConfig,
@@ -16,6 +22,10 @@ from .reinforce import (
 
 __all__ = [
     "COMLRL_TWINS",
+    "CentralizedComparatorAdapter",
+    "CentralizedComparatorParseError",
+    "CentralizedMAGRPOConfig",
+    "CentralizedMAGRPOTrainer",
     "IACConfig",
     "IACTrainer",
     "MAACConfig",
@@ -28,4 +38,5 @@ __all__ = [
     "MAReMaxTrainer",
     "MARLOOConfig",
     "MARLOOTrainer",
+    "TaggedCentralizedComparatorAdapter",
 ]

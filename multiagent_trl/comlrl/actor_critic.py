@@ -19,8 +19,9 @@ CoMLRL quirks deliberately not replicated: a buffer holds whole prompts (`rollou
 `num_generations`; CoMLRL overfills it); the end-of-sequence token is always scored (CoMLRL skips it when the padding
 token is the end token); a `TypeError` raised inside the reward function propagates (CoMLRL retries the call once);
 MAAC's critic takes one optimizer step per buffer on the mean of the agents' value losses (CoMLRL steps it once per
-agent); `top_k=None` means no top-k filtering (CoMLRL leaves the model's generation config's); `eval_interval` and
-`logging_steps` count optimizer steps (CoMLRL counts items and environment steps).
+agent); a multi-turn buffer trains all its turns in one optimizer step (CoMLRL steps once per turn: the same targets
+and advantages); `top_k=None` means no top-k filtering (CoMLRL leaves the model's generation config's);
+`eval_interval` and `logging_steps` count optimizer steps (CoMLRL counts items and environment steps).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from transformers.trainer_utils import SaveStrategy
 from ..actor_critic.config import ActorCriticConfig
 from ..actor_critic.trainer import ActorCriticTrainer
 from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead
+from ..rollout.turns import Transition
 from .reinforce import (
     MAGRPOTrainer,
     _agent_sources,
@@ -117,6 +119,9 @@ class _ActorCriticFields(ActorCriticConfig):
         default=-0.2, metadata={"help": "End an episode after a turn whose mean reward exceeds this (multi-turn)."}
     )
     logging_steps: float = field(default=1, metadata={"help": "Log every this many steps."})
+    ended_return: str = field(
+        default="reward", metadata={"help": "An episode's last turn is terminal: its target is its reward (CoMLRL)."}
+    )
     reference_kl_enabled: bool = field(
         default=False, metadata={"help": "CoMLRL's KL reward shaping (not supported: use beta)."}
     )
@@ -140,14 +145,23 @@ class _ActorCriticFields(ActorCriticConfig):
                 f"`rollout_buffer_size={self.rollout_buffer_size}` must be a multiple of `num_generations="
                 f"{self.num_generations}`: here a buffer holds every completion of its prompts (CoMLRL overfills it)."
             )
-        per_step = min(self.comlrl_train_batch_size or self.rollout_buffer_size, self.rollout_buffer_size)
-        if self.rollout_buffer_size % per_step != 0:
+        buffer = self.rollout_buffer_size
+        per_step = min(self.comlrl_train_batch_size or buffer, buffer)
+        if buffer % per_step != 0:
             raise ValueError(
-                f"`rollout_buffer_size={self.rollout_buffer_size}` must be a multiple of `train_batch_size="
+                f"`rollout_buffer_size={buffer}` must be a multiple of `train_batch_size="
                 f"{per_step}`: each buffer is split into equal optimizer steps here (TRL's steps_per_generation)."
             )
+        if self.num_turns > 1:  # CoMLRL's buffer counts every turn's sample: it holds buffer / num_turns episodes
+            buffer, per_step = max(buffer // self.num_turns, 1), max(per_step // self.num_turns, 1)
+            if buffer % per_step != 0:
+                raise ValueError(
+                    f"With `num_turns={self.num_turns}` a buffer holds {buffer} episode(s) "
+                    f"(`rollout_buffer_size // num_turns`) and a step {per_step} (`train_batch_size // num_turns`): "
+                    "make the first a multiple of the second."
+                )
         self.per_device_train_batch_size = per_step
-        self.steps_per_generation = self.rollout_buffer_size // per_step
+        self.steps_per_generation = buffer // per_step
         self.generation_batch_size = None  # TRL derives it from the two above
         if self.eval_interval > 0:
             self.eval_strategy, self.eval_steps, self.eval_on_start = "steps", self.eval_interval, True
@@ -241,7 +255,8 @@ class IACConfig(_ActorCriticFields):
         critic_value_head_hidden_dim, value_head_hidden_dim (`int` or `None`, defaults to `None`):
             Hidden width of the separate critics' heads, and of the heads on the agents.
         num_turns, discount, early_termination_threshold, external_prompt_passthrough (`2`, `1.0`, `-0.2`, `False`):
-            Multi-turn episodes; the trainer supports `num_turns=1` only for now (and raises otherwise).
+            Multi-turn episodes with TD targets (the trainer needs `external_transition`); a buffer then holds
+            `rollout_buffer_size // num_turns` episodes (CoMLRL's buffer counts every turn's sample).
         parallel_training (`"none"`), agent_devices, critic_devices (`None`):
             `"mp"` puts each agent (`agent_devices`) and each critic (`critic_devices`) on its own device.
         eval_interval (`16`), eval_num_samples (`4`), eval_batch_size (`1`):
@@ -441,25 +456,54 @@ def _reward_passing(func: Callable, num_agents: int) -> Callable:
     return call
 
 
+def _listed(formatters, num_agents: int) -> list[Callable]:
+    listed = list(formatters) if isinstance(formatters, (list, tuple)) else [formatters] * num_agents
+    if len(listed) != num_agents:
+        raise ValueError(f"{len(listed)} formatters were given for {num_agents} agents: one for all, or one each.")
+    return listed
+
+
+def _takes_external(formatter: Callable) -> bool:
+    try:
+        return "external_prompts" in inspect.signature(formatter).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _comlrl_formatters(formatters, num_agents: int) -> list[Callable] | None:
     """CoMLRL's actor-critic formatters: one for all or one per agent; one that takes `external_prompts` is called
     `f(item, external_prompts=None)` on the first turn."""
     if formatters is None:
         return None
-    listed = list(formatters) if isinstance(formatters, (list, tuple)) else [formatters] * num_agents
-    if len(listed) != num_agents:
-        raise ValueError(f"{len(listed)} formatters were given for {num_agents} agents: one for all, or one each.")
+    listed = _listed(formatters, num_agents)
 
     def first_turn(formatter):
-        try:
-            takes_external = "external_prompts" in inspect.signature(formatter).parameters
-        except (TypeError, ValueError):
-            takes_external = False
-        if not takes_external:
+        if not _takes_external(formatter):
             return formatter
         return lambda item: formatter(item, external_prompts=None)
 
     return [first_turn(f) for f in listed]
+
+
+@dataclass
+class _TurnPrompts(Transition):
+    """CoMLRL's actor-critic prompts after the first turn: what the transition returned, through each agent's
+    formatter (`item_formatters`; `None`: as returned, CoMLRL's `external_prompt_passthrough`) applied to the dataset
+    row with its `prompt` replaced by the returned prompt (the original kept as `_original_prompt`), and passed as
+    `external_prompts=` to a formatter that takes it. (The MAGRPO family calls `formatter(row, external_prompts=)` on
+    the unchanged row.)"""
+
+    item_formatters: Sequence[Callable] | None = None
+
+    def __call__(self, node, sample: list) -> list:
+        prompts = super().__call__(node, sample)
+        if self.item_formatters is None:
+            return prompts
+        out = []
+        for formatter, prompt in zip(self.item_formatters, prompts, strict=True):
+            item = {**node.row, "_original_prompt": node.row.get("prompt", ""), "prompt": prompt}
+            out.append(formatter(item, external_prompts=prompt) if _takes_external(formatter) else formatter(item))
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------- trainers
@@ -556,6 +600,7 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
                 kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), callback]
         if eval_dataset is None:
             args.eval_strategy, args.eval_on_start = "no", False  # CoMLRL evaluates only with a dataset
+        given_formatters = formatters
         formatters = _comlrl_formatters(formatters, args.num_agents)
         reward = item_reward(reward_func, reward_processor, formatters, args.num_agents, args.num_generations)
         if self.joint_tokenizer_from_agent and kwargs.get("critic_processing_class") is None:
@@ -576,6 +621,11 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
         )
         if stand_in:
             self.train_dataset = None
+        if external_transition is not None:  # CoMLRL's actor-critic prompts for the later turns
+            listed = None
+            if given_formatters is not None and not args.external_prompt_passthrough:
+                listed = _listed(given_formatters, args.num_agents)
+            self._transition = _TurnPrompts(external_transition, None, True, listed)
         for i, state in heads.items():
             if args.critic_kind == "head":
                 self.model.critics[i].value_head.load_state_dict(state)
@@ -612,23 +662,22 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
         finally:
             self._batch_rows = None
 
-    def _score_agents(self, agent_inputs, rollouts, credited, names, weights):
-        outputs = super()._score_agents(agent_inputs, rollouts, credited, names, weights)
+    def _score_agents(self, batch, names, weights):
+        outputs = super()._score_agents(batch, names, weights)
         if self.metrics_callback is not None and self._batch_rows is not None:
-            self._call_metrics_callback(agent_inputs, rollouts, outputs)
+            self._call_metrics_callback(batch, outputs)
         return outputs
 
-    def _call_metrics_callback(self, agent_inputs, rollouts, outputs) -> None:
-        """CoMLRL's `metrics_callback(rollouts)`, once per dataset item with that item's samples of every agent; the
-        mean over the items of each numeric value is logged under its own name."""
+    def _call_metrics_callback(self, batch, outputs) -> None:
+        """CoMLRL's `metrics_callback(rollouts)`, once per dataset item with that item's samples of every agent (and
+        every turn played); the mean over the items of each numeric value is logged under its own name."""
         mode = "train" if self.model.training else "eval"
         width = self.num_generations if mode == "train" else self.num_generations_eval
-        rows = len(agent_inputs[0])
-        for start in range(0, rows, width):
+        for item in range(len(self._batch_rows) // width):
             samples = []
             for i, output in enumerate(outputs):
-                for k in range(start, start + width):
-                    samples.append(self._rollout_sample(i, k, k - start, agent_inputs, rollouts, output))
+                for g in range(width):
+                    samples += self._episode_samples(i, item * width + g, g, batch, output, item * width)
             metrics = self.metrics_callback(samples)
             for key, value in (metrics or {}).items():
                 try:
@@ -636,7 +685,23 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
                 except (TypeError, ValueError):
                     continue  # CoMLRL drops values that are not numbers
 
-    def _rollout_sample(self, i, k, g, agent_inputs, rollouts, output) -> RolloutSample:
+    def _episode_samples(self, i: int, root: int, g: int, batch, output, item: int) -> list[RolloutSample]:
+        """Agent i's samples of the episode that starts at row `root`, turn by turn, as CoMLRL's `RolloutSample`s:
+        each turn's own reward, and as `returns` the undiscounted sum of the rewards from that turn on (CoMLRL's)."""
+        rows = [root]
+        while batch.successors is not None and int(batch.successors[rows[-1]]) >= 0:
+            rows.append(int(batch.successors[rows[-1]]))
+        start = self.accelerator.process_index * len(batch.agent_rows[0])
+        returns = [float(batch.credit[i][start + k].sum()) for k in rows]  # the core's discounted returns
+        discount = self.args.discount
+        rewards = [g_t - discount * (0.0 if math.isnan(g_n) else g_n) for g_t, g_n in zip(returns, returns[1:])]
+        rewards.append(returns[-1])  # the last turn played: its return is its reward (`ended_return="reward"`)
+        to_go = [sum(rewards[t:]) for t in range(len(rewards))]
+        return [
+            self._rollout_sample(i, k, g, t, item, rewards[t], to_go[t], batch, output) for t, k in enumerate(rows)
+        ]
+
+    def _rollout_sample(self, i, k, g, turn, item, reward, returns, batch, output) -> RolloutSample:
         prompt_mask, completion_mask = output["prompt_mask"][k].bool(), output["completion_mask"][k].bool()
         prompt_ids = output["prompt_ids"][k][prompt_mask].cpu()
         completion_ids = output["completion_ids"][k][completion_mask].cpu()
@@ -644,28 +709,36 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
         old = output["old_values"][k].detach().cpu().reshape(1)
         return RolloutSample(
             agent_idx=i,
-            prompt=agent_inputs[i][k]["prompt"],
-            completion=rollouts[i].completions[k],
+            prompt=batch.agent_rows[i][k]["prompt"],
+            completion=batch.rollouts[i].completions[k],
             full_input_ids=torch.cat([prompt_ids, completion_ids]),
             attention_mask=torch.ones(len(prompt_ids) + len(completion_ids), dtype=torch.long),
             prompt_len=len(prompt_ids),
             response_len=len(completion_ids),
             old_logprob=torch.zeros(1),  # CoMLRL stores it and never reads it; not computed here
             old_value=old,
-            reward=target,
-            returns=target,
+            reward=torch.tensor([reward]),
+            returns=torch.tensor([returns]),
             advantage=target - old,
             normalized_advantage=output["advantages"][k].detach().cpu().reshape(1),
-            metadata={"turn_idx": 0, "generation_idx": g, "batch_item": self._batch_rows[k]},
+            metadata={
+                "turn_idx": turn,
+                "generation_idx": g,
+                "batch_item": self._batch_rows[item],
+                "value_target": target,
+                "adv_target": target,
+            },
         )
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        # CoMLRL's names of a one-turn episode's mean reward and return, beside TRL's `reward`.
+        # CoMLRL's names of each turn's mean reward and return, beside TRL's `reward` and `turn_k/reward`.
         mode = "train" if self.model.training else "eval"
         metrics = self._metrics[mode]
-        if metrics.get("reward"):
+        if self.args.num_turns == 1 and metrics.get("reward"):
             for key in ("turn_1/reward_mean", "turn_1/expected_return"):
                 metrics[key] = list(metrics["reward"])
+        for key in [k for k in metrics if k.startswith("turn_") and k.endswith("/reward")]:
+            metrics[f"{key}_mean"] = list(metrics[key])
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ CoMLRL's entry points
@@ -738,7 +811,8 @@ class IACTrainer(_CoMLRLActorCritic):
         wandb_config (`dict`, *optional*): as `MAGRPOTrainer`'s; turns on `report_to="wandb"`.
         metrics_callback (callable, *optional*): `metrics_callback(samples) -> dict`, once per item with its
             `RolloutSample`s; the means over items are logged.
-        external_transition: for `num_turns > 1` (not supported yet: raises).
+        external_transition: for `num_turns > 1`, CoMLRL's `external_transition(prompt=, agent_completions=, ...)`;
+            its prompts go through the formatters as CoMLRL's actor-critic passes them (`_TurnPrompts`).
         agents, critics (lists, *optional*): one model or id per agent, one critic per agent.
         **kwargs: `ActorCriticTrainer`'s TRL arguments (`callbacks`, `peft_config`, ...).
 

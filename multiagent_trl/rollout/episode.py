@@ -15,7 +15,7 @@ from accelerate.utils import gather
 from trl.trainer.utils import nanstd
 
 from .replay import Rollout
-from .tree import Level, batch_layout, returns
+from .tree import Level, batch_layout, returns, successor_rows
 from .turns import turn_prefix
 
 ROW_AVERAGED_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")  # TRL's losses that average (or divide) over rows
@@ -29,6 +29,9 @@ class EpisodeBatch:
     rollouts: list[Rollout]  # (agents,): the completions of those rows, untrained ones masked
     credit: list[torch.Tensor]  # (agents,) of (rows * processes, 1): the return each row is credited with, gathered
     trained_rows: torch.Tensor | None  # 0-d: trained rows over every process (`None`: every row is trained)
+    trained: torch.Tensor | None = None  # (rows,) bool: this process's trained rows (`None`: a single turn)
+    turns: torch.Tensor | None = None  # (rows,): each row's turn (`None`: a single turn)
+    successors: torch.Tensor | None = None  # (rows,): the row continuing each row's sample next turn, -1 if none
 
 
 def episode_batch(
@@ -60,7 +63,12 @@ def episode_batch(
         agent_rows.append([joined[k] for k in index])
         rollouts.append(Rollout.concat([level.rollouts[i] for level in levels], index).masked(keep))
     trained_rows = gather(torch.tensor([float(sum(keep))], device=device)).sum()
-    return EpisodeBatch(agent_rows, rollouts, [gather(c.to(device).unsqueeze(1)) for c in credit], trained_rows)
+    credit = [gather(c.to(device).unsqueeze(1)) for c in credit]
+    trained = torch.tensor(keep, device=device)
+    turns = successors = None
+    if all(level.width == 1 for level in levels[1:]):  # one successor per sample: linear, or one completion
+        turns, successors = (torch.tensor(v, device=device) for v in successor_rows(levels, index, keep))
+    return EpisodeBatch(agent_rows, rollouts, credit, trained_rows, trained, turns, successors)
 
 
 def trained_row_scale(loss_type: str, rows: int, trained_rows: torch.Tensor | float | None, steps: int) -> float:

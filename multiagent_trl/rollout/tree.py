@@ -361,3 +361,33 @@ def batch_layout(
         value[~torch.tensor(keep)] = math.nan
         cross.append(value)
     return index, keep, cross
+
+
+def successor_rows(levels: list[Level], index: list[int], keep: list[bool]) -> tuple[list[int], list[int]]:
+    """For each training row (`batch_layout`'s `index` and `keep`): its turn, and the training row that continues
+    its sample in the next turn (-1: none, the episode ended there, or the row is not trained). A critic's TD target
+    bootstraps from that row's value.
+
+    The next turn's node must have one row (`width == 1`: linear trajectories after the root, or one completion per
+    prompt), so that a sample has one successor.
+
+    >>> root = Level([Node({}, 0, []), Node({}, 0, [])], width=1, samples=1, children=[[0], [None]])
+    >>> leaf = Level([Node({}, 1, [], parent=(0, 0))], width=1, samples=1, children=[[None]])
+    >>> successor_rows([root, leaf], index=[0, 1, 2, 1], keep=[True, True, True, False])
+    ([0, 0, 1, 0], [2, -1, -1, -1])
+    """
+    offsets = torch.tensor([0] + [len(level.nodes) * level.width for level in levels]).cumsum(0).tolist()
+    turn_of = [max(t for t in range(len(levels)) if offsets[t] <= k) for k in index]
+    trained_row = {k: r for r, (k, kept) in enumerate(zip(index, keep)) if kept}  # generation row -> training row
+    successors = []
+    for r, (k, kept) in enumerate(zip(index, keep)):
+        t = turn_of[r]
+        level, node_row = levels[t], k - offsets[t]
+        c = level.children[node_row // level.width][node_row % level.width] if kept and level.children else None
+        if c is None:
+            successors.append(-1)
+            continue
+        if levels[t + 1].width != 1:
+            raise ValueError("A sample's successor is one row: the next turn's nodes must have width 1.")
+        successors.append(trained_row.get(offsets[t + 1] + c, -1))
+    return turn_of, successors
