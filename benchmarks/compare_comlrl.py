@@ -532,9 +532,15 @@ def train_ac(library: str, settings: Settings, args: WorkerArguments, output_dir
     trainer.train()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     state = getattr(trainer, "state", None)  # CoMLRL's trainers keep no log: the reward wrapper is the record
-    step_rewards = [e["reward"] for e in state.log_history if "reward" in e] if state is not None else None
+    logged = state.log_history if state is not None else []
+    step_rewards = [e["reward"] for e in logged if "reward" in e] if state is not None else None
+    turn_step_rewards = {
+        str(t): [e[f"turn_{t}/reward"] for e in logged if f"turn_{t}/reward" in e]
+        for t in range(1, settings.num_turns + 1)
+    }
     return {
         "step_rewards": step_rewards,
+        "turn_step_rewards": turn_step_rewards if state is not None and settings.num_turns > 1 else None,
         "raw_rewards": reward.rewards,
         "turns": getattr(reward, "turns", None),
         "train_seconds": wall,
@@ -617,6 +623,28 @@ def per_sample_rewards(library: str, result: dict, settings: Settings) -> list[f
         if abs(hooked - value) > 1e-3 * max(1.0, abs(value)):
             raise RuntimeError(f"multiagent_trl step {k}: logged reward {value} != recorded {hooked}")
     return [value for value in logged for _ in range(step)]
+
+
+def ac_turns_from_log(result: dict, settings: Settings) -> list[int]:
+    """multiagent_trl's multi-turn actor-critic: the turn of each recorded reward, from the order the trainer scores
+    them (per optimizer step: every episode's turn 1, then every episode's turn 2, ...), checked against the per-turn
+    means it logs. (Its CoMLRL layer passes the reward function each item's first-turn prompts at every turn, where
+    CoMLRL passes that turn's, so the prompt does not tell the turn there.)"""
+    per_turn = settings.rollout_buffer_size * settings.num_generations
+    step = per_turn * settings.num_turns
+    raw, logged = result["raw_rewards"], result["turn_step_rewards"]
+    steps = len(raw) // step
+    if steps * step != len(raw) or any(len(logged[str(t)]) != steps for t in range(1, settings.num_turns + 1)):
+        raise RuntimeError(f"multiagent_trl scored {len(raw)} rewards but logged {len(logged['1'])} steps")
+    turns = []
+    for k in range(steps):
+        for t in range(1, settings.num_turns + 1):
+            start = k * step + (t - 1) * per_turn
+            hooked, value = REWARD_SCALE * statistics.fmean(raw[start : start + per_turn]), logged[str(t)][k]
+            if abs(hooked - value) > 1e-3 * max(1.0, abs(value)):
+                raise RuntimeError(f"multiagent_trl step {k} turn {t}: logged reward {value} != recorded {hooked}")
+            turns += [t] * per_turn
+    return turns
 
 
 def binned(rewards: list[float], size: int) -> list[float]:
@@ -780,6 +808,9 @@ def run_driver(settings: Settings) -> None:
         for mode in modes:
             results = {lib: [futures[lib, mode, seed].result() for seed in settings.seeds] for lib in LIBRARIES}
             if settings.num_turns > 1:
+                if settings.family == "ac":
+                    for result in results["multiagent_trl"]:
+                        result["turns"] = ac_turns_from_log(result, settings)
                 reports[mode] = print_turn_report(results, settings, mode)
                 continue
             curves: dict[str, list[list[float]]] = {library: [] for library in LIBRARIES}
