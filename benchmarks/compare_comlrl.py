@@ -34,6 +34,32 @@ wrapper). The table gives the mean scaled joint reward (x100) against the number
 per agent) seen so far, averaged over seeds, then the area under the curve (the mean reward over all samples), the
 final reward, the samples needed to reach `--threshold`, and CPU and wall times.
 
+The actor-critic family (`--family ac`, issue 29): IAC and MAAC (`--trainers iac maac`, one comparison each),
+CoMLRL 1.4.3's own `IACTrainer`/`MAACTrainer` (`comlrl.trainers.actor_critic`) against this library's CoMLRL layer
+(`multiagent_trl.IACTrainer`/`MAACTrainer`), both built by one function (`ac_trainer`) in which only the import
+differs. Both get the same agents, the same critics (`--critic seed1`: the tiny model with other random weights,
+`tiny_model_path(seed=1)`, one per agent for IAC and one joint critic for MAAC; `--critic agent`: the agents' model),
+one learning rate for actors and critics (`--critic-learning-rate` to differ), `--value-loss-coef` (0.6, CoMLRL's),
+`--critic-type` (v), `rollout_buffer_size` = `--rollout-buffer-size` prompts x G completions (x turns: CoMLRL's
+buffer counts every turn's sample) with one optimizer step per buffer (`train_batch_size=None`), the same sampling,
+advantage normalization, no evaluation and no early termination (`early_termination_threshold=None`: every episode
+plays every turn, so both train on the same samples). The rewards are recorded by the same wrapper (CoMLRL's
+actor-critic trainers keep no log; ours' logged step means are cross-checked against it). Run each training on one
+torch thread (`--threads 1`): on the tiny model a second thread only adds synchronization, and on a loaded machine
+its spin-waits inflate the CPU time as well. Single turn (about 15 minutes), then two turns, where an episode
+continues one completion per prompt (`--num-generations 1`, as CoMLRL requires):
+
+    HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --family ac \
+        --trainers iac maac --jobs 1 --threads 1 --json-out ac.json
+    HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --family ac \
+        --trainers iac maac --num-turns 2 --num-generations 1 --epochs 40 --jobs 1 --threads 1 --json-out ac2.json
+
+`--ours-api native` runs ours through `ActorCriticTrainer`/`ActorCriticConfig` instead: the same settings and
+CoMLRL's optimizer, but TRL's loss as configured by default (log-probs of logits / temperature, TRL's `loss_type`).
+What the CoMLRL layer does differently on purpose (`multiagent_trl/comlrl/actor_critic.py`): MAAC's critic takes one
+optimizer step per buffer on the mean of the agents' value losses (CoMLRL: one step per agent), a multi-turn buffer
+trains all its turns in one step (CoMLRL: one step per turn), the end-of-sequence token is always scored.
+
 By default the optimizer of multiagent_trl is matched to CoMLRL's plain `torch.optim.AdamW`: constant learning rate,
 weight decay 0.01, no gradient clipping (`--ours-optimizer trl-default` keeps TRL's linear decay, clipping at 1.0 and
 no weight decay instead). Differences that remain (not settable): CoMLRL takes the policy gradient of the untempered
@@ -204,7 +230,8 @@ class Settings:
         },
     )
     critic_type: str = field(
-        default="v", metadata={"help": "With --family ac: 'v' (V(prompt)) or 'q' (Q(prompt, completion)).", "choices": ["v", "q"]}
+        default="v",
+        metadata={"help": "With --family ac: 'v' (V(prompt)) or 'q' (Q(prompt, completion)).", "choices": ["v", "q"]},
     )
     critic_learning_rate: float = field(
         default=0.0, metadata={"help": "With --family ac: the critics' learning rate; 0 means --learning-rate."}
@@ -733,7 +760,7 @@ def print_turn_report(results: dict[str, list[dict]], settings: Settings, mode: 
             for t in curves[lib]:
                 rewards = [REWARD_SCALE * r for r, turn in zip(result["raw_rewards"], result["turns"]) if turn == t]
                 curves[lib][t].append(binned(rewards, prompts * g**t))
-    title = f"{settings.num_turns} turns, {settings.variant_title(mode)}: joint reward (x{REWARD_SCALE:g}) per epoch and turn"
+    title = f"{settings.num_turns} turns, {settings.variant_title(mode)}: joint reward (x{REWARD_SCALE:g}) per epoch"
     print(f"\n=== {title}")
     columns = [f"{lib[:6]} t{t}" for t in curves["comlrl"] for lib in LIBRARIES]
     print(f"{'epoch':>5} | " + " | ".join(f"{c:>15}" for c in columns))
