@@ -46,8 +46,8 @@ advantage normalization, no evaluation and no early termination (`early_terminat
 plays every turn, so both train on the same samples). The rewards are recorded by the same wrapper (CoMLRL's
 actor-critic trainers keep no log; ours' logged step means are cross-checked against it). Run each training on one
 torch thread (`--threads 1`): on the tiny model a second thread only adds synchronization, and on a loaded machine
-its spin-waits inflate the CPU time as well. Single turn (about 15 minutes), then two turns, where an episode
-continues one completion per prompt (`--num-generations 1`, as CoMLRL requires):
+its spin-waits inflate the CPU time as well. Single turn (18 minutes on 2 shared cores), then two turns (11 minutes),
+where an episode continues one completion per prompt (`--num-generations 1`, as CoMLRL requires):
 
     HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --family ac \
         --trainers iac maac --jobs 1 --threads 1 --json-out ac.json
