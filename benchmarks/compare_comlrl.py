@@ -34,6 +34,32 @@ wrapper). The table gives the mean scaled joint reward (x100) against the number
 per agent) seen so far, averaged over seeds, then the area under the curve (the mean reward over all samples), the
 final reward, the samples needed to reach `--threshold`, and CPU and wall times.
 
+The actor-critic family (`--family ac`, issue 29): IAC and MAAC (`--trainers iac maac`, one comparison each),
+CoMLRL 1.4.3's own `IACTrainer`/`MAACTrainer` (`comlrl.trainers.actor_critic`) against this library's CoMLRL layer
+(`multiagent_trl.IACTrainer`/`MAACTrainer`), both built by one function (`ac_trainer`) in which only the import
+differs. Both get the same agents, the same critics (`--critic seed1`: the tiny model with other random weights,
+`tiny_model_path(seed=1)`, one per agent for IAC and one joint critic for MAAC; `--critic agent`: the agents' model),
+one learning rate for actors and critics (`--critic-learning-rate` to differ), `--value-loss-coef` (0.6, CoMLRL's),
+`--critic-type` (v), `rollout_buffer_size` = `--rollout-buffer-size` prompts x G completions (x turns: CoMLRL's
+buffer counts every turn's sample) with one optimizer step per buffer (`train_batch_size=None`), the same sampling,
+advantage normalization, no evaluation and no early termination (`early_termination_threshold=None`: every episode
+plays every turn, so both train on the same samples). The rewards are recorded by the same wrapper (CoMLRL's
+actor-critic trainers keep no log; ours' logged step means are cross-checked against it). Run each training on one
+torch thread (`--threads 1`): on the tiny model a second thread only adds synchronization, and on a loaded machine
+its spin-waits inflate the CPU time as well. Single turn (18 minutes on 2 shared cores), then two turns (11 minutes),
+where an episode continues one completion per prompt (`--num-generations 1`, as CoMLRL requires):
+
+    HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --family ac \
+        --trainers iac maac --jobs 1 --threads 1 --json-out ac.json
+    HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --family ac \
+        --trainers iac maac --num-turns 2 --num-generations 1 --epochs 40 --jobs 1 --threads 1 --json-out ac2.json
+
+`--ours-api native` runs ours through `ActorCriticTrainer`/`ActorCriticConfig` instead: the same settings and
+CoMLRL's optimizer, but TRL's loss as configured by default (log-probs of logits / temperature, TRL's `loss_type`).
+What the CoMLRL layer does differently on purpose (`multiagent_trl/comlrl/actor_critic.py`): MAAC's critic takes one
+optimizer step per buffer on the mean of the agents' value losses (CoMLRL: one step per agent), a multi-turn buffer
+trains all its turns in one step (CoMLRL: one step per turn), the end-of-sequence token is always scored.
+
 By default the optimizer of multiagent_trl is matched to CoMLRL's plain `torch.optim.AdamW`: constant learning rate,
 weight decay 0.01, no gradient clipping (`--ours-optimizer trl-default` keeps TRL's linear decay, clipping at 1.0 and
 no weight decay instead). Differences that remain (not settable): CoMLRL takes the policy gradient of the untempered
@@ -74,6 +100,8 @@ TRAIN_PROMPTS = [
 ]
 REWARD_SCALE = 100.0
 LIBRARIES = ("multiagent_trl", "comlrl")
+FAMILIES = ("magrpo", "ac")
+AC_TRAINERS = ("iac", "maac")
 DEFAULT_COMLRL_PYTHON = "/tmp/comlrl-venv/bin/python"
 
 
@@ -172,6 +200,43 @@ class Settings:
             "and the target ratio; both libraries then play CoMLRL's tree (G + G*G joint samples per prompt)."
         },
     )
+    family: str = field(
+        default="magrpo",
+        metadata={
+            "help": "'magrpo' (MAGRPOTrainer, one comparison per --advantage-modes value) or 'ac' (the actor-critic "
+            "trainers IAC and MAAC, one comparison per --trainers value).",
+            "choices": list(FAMILIES),
+        },
+    )
+    trainers: list[str] = field(
+        default_factory=lambda: list(AC_TRAINERS),
+        metadata={"help": "With --family ac: the actor-critic trainers to compare (iac, maac), each a comparison."},
+    )
+    ours_api: str = field(
+        default="comlrl",
+        metadata={
+            "help": "With --family ac: multiagent_trl's entry point. 'comlrl': IACTrainer/MAACTrainer, the same "
+            "script as CoMLRL's with only the import changed; 'native': ActorCriticTrainer/ActorCriticConfig with "
+            "the same settings and TRL's own loss (temperature-scaled log-probs, loss_type default).",
+            "choices": ["comlrl", "native"],
+        },
+    )
+    critic: str = field(
+        default="seed1",
+        metadata={
+            "help": "With --family ac: the critics' starting model: 'seed1' (the tiny model with other random "
+            "weights, tiny_model_path(seed=1)) or 'agent' (the agents' model).",
+            "choices": ["seed1", "agent"],
+        },
+    )
+    critic_type: str = field(
+        default="v",
+        metadata={"help": "With --family ac: 'v' (V(prompt)) or 'q' (Q(prompt, completion)).", "choices": ["v", "q"]},
+    )
+    critic_learning_rate: float = field(
+        default=0.0, metadata={"help": "With --family ac: the critics' learning rate; 0 means --learning-rate."}
+    )
+    value_loss_coef: float = field(default=0.6, metadata={"help": "With --family ac: weight of the value loss."})
     comlrl_python: str = field(default=DEFAULT_COMLRL_PYTHON, metadata={"help": "Interpreter of the CoMLRL venv."})
     jobs: int = field(default=2, metadata={"help": "Training runs at once (CoMLRL's first)."})
     threads: int = field(
@@ -193,6 +258,22 @@ class Settings:
     @property
     def samples_per_step(self) -> int:
         return self.rollout_buffer_size * self.num_generations
+
+    @property
+    def ac_buffer_samples(self) -> int:
+        """The actor-critic trainers' `rollout_buffer_size`, which counts samples per agent, not prompts: every
+        sample of `rollout_buffer_size` prompts (all turns: CoMLRL's buffer holds each turn's samples)."""
+        return self.rollout_buffer_size * self.num_generations * self.num_turns
+
+    @property
+    def variants(self) -> list[str]:
+        """What each comparison varies: the advantage modes (MAGRPO) or the trainers (actor-critic)."""
+        return self.trainers if self.family == "ac" else self.advantage_modes
+
+    def variant_title(self, variant: str) -> str:
+        if self.family == "ac":
+            return f"{variant.upper()} (critic_type={self.critic_type!r}, critic {self.critic})"
+        return f"advantage_mode={variant!r} (advantage_normalization={self.advantage_normalization})"
 
 
 # --------------------------------------------------------------------------------------------------------- workers
@@ -343,10 +424,164 @@ def train_comlrl(settings: Settings, model_path: str, seed: int, output_dir: str
     }
 
 
+# ------------------------------------------------------------------------------------------- actor-critic workers
+
+
+def ac_trainer(
+    library: str, settings: Settings, model_path: str, critic_path: str, output_dir: str, *, trainer: str, seed: int,
+    reward,
+):  # fmt: skip
+    """IAC or MAAC, one script for both libraries: CoMLRL 1.4.3's `comlrl.trainers.actor_critic` or multiagent_trl's
+    CoMLRL-compatible layer, with the same arguments; only the import differs (and, for ours, where TRL writes its
+    output, the seed, and no reporting or progress bars)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    if library == "comlrl":
+        os.environ.setdefault("WANDB_MODE", "disabled")
+        from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+        from comlrl.utils.reward_processor import RewardProcessors
+
+        bookkeeping = {}
+    else:
+        from multiagent_trl import IACConfig, IACTrainer, MAACConfig, MAACTrainer, RewardProcessors
+
+        bookkeeping = dict(output_dir=output_dir, seed=seed, report_to="none", disable_tqdm=True)
+    config_class, trainer_class = {"iac": (IACConfig, IACTrainer), "maac": (MAACConfig, MAACTrainer)}[trainer]
+    config = config_class(
+        num_train_epochs=settings.epochs,
+        agent_learning_rate=settings.learning_rate,
+        critic_learning_rate=settings.critic_learning_rate or settings.learning_rate,
+        value_loss_coef=settings.value_loss_coef,
+        advantage_normalization=settings.advantage_normalization,
+        rollout_buffer_size=settings.ac_buffer_samples,
+        train_batch_size=None,  # one optimizer step per agent, turn and buffer
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        num_agents=2,
+        num_generations=settings.num_generations,
+        num_turns=settings.num_turns,
+        discount=1.0,
+        critic_type=settings.critic_type,
+        early_termination_threshold=None,  # every episode plays all turns: equal samples
+        external_prompt_passthrough=True,
+        eval_interval=0,
+        logging_steps=1,
+        **bookkeeping,
+    )
+    trainer = trainer_class(
+        agent_model=model_path,
+        critic_model=critic_path,
+        tokenizer=AutoTokenizer.from_pretrained(model_path),
+        reward_func=reward,
+        reward_processor=RewardProcessors.scale(factor=REWARD_SCALE),
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
+        external_transition=length_hint if settings.num_turns > 1 else None,
+    )
+    trainer.verbose = False  # no tqdm bars or epoch prints
+    return trainer
+
+
+class ScaledReward:
+    """`reward` times REWARD_SCALE, for the native trainer (which has no `reward_processor`); `reward` records the
+    raw values."""
+
+    def __init__(self, reward) -> None:
+        self.reward = reward
+        self.__name__ = "proper_length_ratio_reward"
+
+    def __call__(self, *args, **kwargs) -> list[float]:
+        return [REWARD_SCALE * r for r in self.reward(*args)]
+
+
+def native_ac_trainer(
+    settings: Settings, model_path: str, critic_path: str, output_dir: str, *, trainer: str, seed: int, reward
+):
+    """multiagent_trl's own `ActorCriticTrainer` with the settings of `ac_trainer` (and CoMLRL's optimizer), but TRL's
+    loss as configured by default (`--ours-api native`)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from multiagent_trl import ActorCriticConfig, ActorCriticTrainer
+
+    config = ActorCriticConfig(
+        output_dir=output_dir,
+        num_train_epochs=settings.epochs,
+        learning_rate=settings.learning_rate,
+        critic_learning_rate=settings.critic_learning_rate or settings.learning_rate,
+        value_loss_coef=settings.value_loss_coef,
+        advantage_normalization=settings.advantage_normalization,
+        critic_type=settings.critic_type,
+        joint_critic=trainer == "maac",
+        critic_kind="model",
+        num_agents=2,
+        num_generations=settings.num_generations,
+        num_turns=settings.num_turns,
+        max_completion_length=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        per_device_train_batch_size=settings.ac_buffer_samples // settings.num_turns,
+        steps_per_generation=1,
+        shuffle_dataset=False,
+        logging_steps=1,
+        seed=seed,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        **MATCHED_OPTIMIZER,
+    )
+    return ActorCriticTrainer(
+        model=model_path,
+        reward_funcs=ScaledReward(reward),
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
+        processing_class=AutoTokenizer.from_pretrained(model_path),
+        critic_model=critic_path,
+        external_transition=length_hint if settings.num_turns > 1 else None,
+    )
+
+
+def train_ac(library: str, settings: Settings, args: WorkerArguments, output_dir: str) -> dict:
+    """One actor-critic run: every raw reward the reward function returns (both libraries call it once per dataset
+    item and turn, with each agent's list of completions), the logged per-step rewards (ours), and the times."""
+    seed_everything(args.seed, settings.threads)
+    reward = TurnRecordedReward() if settings.num_turns > 1 else RecordedReward()
+    common = dict(trainer=args.ac_trainer, seed=args.seed, reward=reward)
+    if library == "multiagent_trl" and settings.ours_api == "native":
+        trainer = native_ac_trainer(settings, args.model_path, args.critic_path, output_dir, **common)
+    else:
+        trainer = ac_trainer(library, settings, args.model_path, args.critic_path, output_dir, **common)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    trainer.train()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    state = getattr(trainer, "state", None)  # CoMLRL's trainers keep no log: the reward wrapper is the record
+    logged = state.log_history if state is not None else []
+    step_rewards = [e["reward"] for e in logged if "reward" in e] if state is not None else None
+    turn_step_rewards = {
+        str(t): [e[f"turn_{t}/reward"] for e in logged if f"turn_{t}/reward" in e]
+        for t in range(1, settings.num_turns + 1)
+    }
+    return {
+        "step_rewards": step_rewards,
+        "turn_step_rewards": turn_step_rewards if state is not None and settings.num_turns > 1 else None,
+        "raw_rewards": reward.rewards,
+        "turns": getattr(reward, "turns", None),
+        "train_seconds": wall,
+        "train_cpu_seconds": cpu,
+    }
+
+
 def run_worker(args: WorkerArguments, settings: Settings) -> None:
-    train = train_ours if args.worker == "multiagent_trl" else train_comlrl
     with tempfile.TemporaryDirectory() as output_dir:
-        result = train(settings, args.model_path, args.seed, output_dir, args.advantage_mode)
+        if settings.family == "ac":
+            result = train_ac(args.worker, settings, args, output_dir)
+        else:
+            train = train_ours if args.worker == "multiagent_trl" else train_comlrl
+            result = train(settings, args.model_path, args.seed, output_dir, args.advantage_mode)
     Path(args.out).write_text(json.dumps(result))
 
 
@@ -354,9 +589,11 @@ def run_worker(args: WorkerArguments, settings: Settings) -> None:
 
 
 def launch(
-    library: str, python: str, settings: Settings, model_path: str, seed: int, workdir: Path, mode: str
-) -> dict:
-    """Run one library's training in a subprocess under its own interpreter; return its result with wall time."""
+    library: str, python: str, settings: Settings, model_path: str, seed: int, workdir: Path, mode: str,
+    critic_path: str | None = None,
+) -> dict:  # fmt: skip
+    """Run one library's training in a subprocess under its own interpreter; return its result with wall time.
+    `mode`: the advantage mode (MAGRPO) or the trainer (actor-critic, with the critics' `critic_path`)."""
     out = workdir / f"{library}-{mode}-seed{seed}.json"
     log = workdir / f"{library}-{mode}-seed{seed}.log"
     command = [
@@ -370,8 +607,8 @@ def launch(
         str(seed),
         "--out",
         str(out),
-        "--advantage-mode",
-        mode,
+        *(["--ac-trainer", mode, "--critic-path", str(critic_path)] if settings.family == "ac" else []),
+        *(["--advantage-mode", mode] if settings.family != "ac" else []),
         *settings_to_flags(settings),
     ]
     threads = str(settings.threads)
@@ -392,7 +629,8 @@ def launch(
         raise RuntimeError(f"{library} (seed {seed}) failed with exit code {code}; log tail:\n{tail}")
     result = json.loads(out.read_text())
     result["process_seconds"] = wall
-    print(f"  done: {library} advantage_mode={mode} seed {seed}, {wall:.0f} s", flush=True)
+    what = mode if settings.family == "ac" else f"advantage_mode={mode}"
+    print(f"  done: {library} {what} seed {seed}, {wall:.0f} s", flush=True)
     return result
 
 
@@ -400,6 +638,8 @@ def per_sample_rewards(library: str, result: dict, settings: Settings) -> list[f
     """Scaled joint reward of every sample in generation order (ours: each step's logged mean, per sample)."""
     raw = [REWARD_SCALE * r for r in result["raw_rewards"]]
     if library == "comlrl" or settings.num_turns > 1:  # multi-turn: ours logs returns; the wrapper has every reward
+        return raw
+    if settings.family == "ac" and not result["step_rewards"]:
         return raw
     step = settings.samples_per_step
     logged = result["step_rewards"]
@@ -410,6 +650,28 @@ def per_sample_rewards(library: str, result: dict, settings: Settings) -> list[f
         if abs(hooked - value) > 1e-3 * max(1.0, abs(value)):
             raise RuntimeError(f"multiagent_trl step {k}: logged reward {value} != recorded {hooked}")
     return [value for value in logged for _ in range(step)]
+
+
+def ac_turns_from_log(result: dict, settings: Settings) -> list[int]:
+    """multiagent_trl's multi-turn actor-critic: the turn of each recorded reward, from the order the trainer scores
+    them (per optimizer step: every episode's turn 1, then every episode's turn 2, ...), checked against the per-turn
+    means it logs. (Its CoMLRL layer passes the reward function each item's first-turn prompts at every turn, where
+    CoMLRL passes that turn's, so the prompt does not tell the turn there.)"""
+    per_turn = settings.rollout_buffer_size * settings.num_generations
+    step = per_turn * settings.num_turns
+    raw, logged = result["raw_rewards"], result["turn_step_rewards"]
+    steps = len(raw) // step
+    if steps * step != len(raw) or any(len(logged[str(t)]) != steps for t in range(1, settings.num_turns + 1)):
+        raise RuntimeError(f"multiagent_trl scored {len(raw)} rewards but logged {len(logged['1'])} steps")
+    turns = []
+    for k in range(steps):
+        for t in range(1, settings.num_turns + 1):
+            start = k * step + (t - 1) * per_turn
+            hooked, value = REWARD_SCALE * statistics.fmean(raw[start : start + per_turn]), logged[str(t)][k]
+            if abs(hooked - value) > 1e-3 * max(1.0, abs(value)):
+                raise RuntimeError(f"multiagent_trl step {k} turn {t}: logged reward {value} != recorded {hooked}")
+            turns += [t] * per_turn
+    return turns
 
 
 def binned(rewards: list[float], size: int) -> list[float]:
@@ -441,7 +703,7 @@ def print_report(
     size = settings.bin_samples
     seeds = ", ".join(map(str, settings.seeds))
     print(
-        f"\n=== advantage_mode={mode!r} (advantage_normalization={settings.advantage_normalization}) ===\n"
+        f"\n=== {settings.variant_title(mode)} ===\n"
         f"Joint reward (x{REWARD_SCALE:g}) vs samples seen per agent; bins of {size} samples, mean ± std over "
         f"seeds [{seeds}]"
     )
@@ -498,7 +760,7 @@ def print_turn_report(results: dict[str, list[dict]], settings: Settings, mode: 
             for t in curves[lib]:
                 rewards = [REWARD_SCALE * r for r, turn in zip(result["raw_rewards"], result["turns"]) if turn == t]
                 curves[lib][t].append(binned(rewards, prompts * g**t))
-    title = f"{settings.num_turns} turns, advantage_mode={mode!r}: joint reward (x{REWARD_SCALE:g}) per epoch and turn"
+    title = f"{settings.num_turns} turns, {settings.variant_title(mode)}: joint reward (x{REWARD_SCALE:g}) per epoch"
     print(f"\n=== {title}")
     columns = [f"{lib[:6]} t{t}" for t in curves["comlrl"] for lib in LIBRARIES]
     print(f"{'epoch':>5} | " + " | ".join(f"{c:>15}" for c in columns))
@@ -515,6 +777,7 @@ def print_turn_report(results: dict[str, list[dict]], settings: Settings, mode: 
                 *[[statistics.fmean(c) for c in curves[lib][t]] for lib in LIBRARIES],
             )
         )
+        rows.append((f"turn {t}: final epoch", *[[c[-1] for c in curves[lib][t]] for lib in LIBRARIES]))
     per_prompt = {
         lib: [len(r["raw_rewards"]) / (prompts * settings.epochs) for r in results[lib]] for lib in LIBRARIES
     }
@@ -547,24 +810,34 @@ def run_driver(settings: Settings) -> None:
     if not Path(settings.comlrl_python).exists():
         sys.exit(f"CoMLRL interpreter {settings.comlrl_python} not found; see the install lines in the docstring.")
     model_path = tiny_model_path()
+    critic_path = None
+    if settings.family == "ac":
+        if settings.num_turns > 1 and settings.num_generations != 1:
+            sys.exit("Multi-turn actor-critic continues one completion per prompt: add --num-generations 1.")
+        critic_path = tiny_model_path(seed=1) if settings.critic == "seed1" else model_path
     if settings.bin_samples <= 0:
         settings.bin_samples = len(TRAIN_PROMPTS) * settings.num_generations
     if settings.threads <= 0:
         settings.threads = max(1, (os.cpu_count() or 1) // settings.jobs)
     pythons = {"multiagent_trl": sys.executable, "comlrl": settings.comlrl_python}
-    print(f"Model: {model_path}\nSettings: {json.dumps(asdict(settings))}", flush=True)
+    print(f"Model: {model_path}\nCritic: {critic_path}\nSettings: {json.dumps(asdict(settings))}", flush=True)
     # CoMLRL's runs are the slower ones: start them first so that the runs in flight finish close together.
-    modes = settings.advantage_modes
+    modes = settings.variants
     tasks = [(library, mode, seed) for mode in modes for library in reversed(LIBRARIES) for seed in settings.seeds]
     with tempfile.TemporaryDirectory() as workdir, ThreadPoolExecutor(max_workers=settings.jobs) as pool:
         futures = {
-            (lib, mode, seed): pool.submit(launch, lib, pythons[lib], settings, model_path, seed, Path(workdir), mode)
+            (lib, mode, seed): pool.submit(
+                launch, lib, pythons[lib], settings, model_path, seed, Path(workdir), mode, critic_path
+            )
             for lib, mode, seed in tasks
         }
         reports = {}
         for mode in modes:
             results = {lib: [futures[lib, mode, seed].result() for seed in settings.seeds] for lib in LIBRARIES}
             if settings.num_turns > 1:
+                if settings.family == "ac":
+                    for result in results["multiagent_trl"]:
+                        result["turns"] = ac_turns_from_log(result, settings)
                 reports[mode] = print_turn_report(results, settings, mode)
                 continue
             curves: dict[str, list[list[float]]] = {library: [] for library in LIBRARIES}
@@ -596,7 +869,7 @@ def settings_to_flags(settings: Settings) -> list[str]:
     """The shared flags, to hand the same settings to a worker."""
     flags = []
     for key, value in asdict(settings).items():
-        if key in ("seeds", "json_out", "figure", "comlrl_python", "jobs", "advantage_modes"):
+        if key in ("seeds", "json_out", "figure", "comlrl_python", "jobs", "advantage_modes", "trainers"):
             continue
         flags += [f"--{key.replace('_', '-')}", str(value)]
     return flags
@@ -611,6 +884,8 @@ class WorkerArguments:
     seed: int = field(default=0, metadata={"help": argparse.SUPPRESS})
     out: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
     advantage_mode: str = field(default="mean", metadata={"help": argparse.SUPPRESS})
+    ac_trainer: str = field(default="iac", metadata={"help": argparse.SUPPRESS})
+    critic_path: str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[WorkerArguments, Settings]:

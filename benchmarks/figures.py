@@ -47,15 +47,17 @@ def comlrl_panels(results: dict) -> list[tuple[str, float, dict[str, list[list[f
     settings = results["settings"]
     panels = []
     for mode, report in results["modes"].items():
+        # `--family ac` keys the comparisons by trainer (iac, maac), the MAGRPO family by advantage mode.
+        label = mode.upper() if settings.get("family") == "ac" else f"advantage_mode={mode}"
         if "turn_curves" in report:
             turns = sorted({int(t) for curves in report["turn_curves"].values() for t in curves})
             g = settings["num_generations"]
             epoch = results.get("num_prompts", DEFAULT_NUM_PROMPTS) * sum(g**t for t in turns)
             for t in turns:
                 curves = {lib: by_turn[str(t)] for lib, by_turn in report["turn_curves"].items()}
-                panels.append((f"turn {t} (advantage_mode={mode})", epoch, curves))
+                panels.append((f"turn {t} ({label})", epoch, curves))
         else:
-            panels.append((f"advantage_mode={mode}", settings["bin_samples"], report["curves"]))
+            panels.append((label, settings["bin_samples"], report["curves"]))
     return panels
 
 
