@@ -655,8 +655,7 @@ def per_sample_rewards(library: str, result: dict, settings: Settings) -> list[f
 def ac_turns_from_log(result: dict, settings: Settings) -> list[int]:
     """multiagent_trl's multi-turn actor-critic: the turn of each recorded reward, from the order the trainer scores
     them (per optimizer step: every episode's turn 1, then every episode's turn 2, ...), checked against the per-turn
-    means it logs. (Its CoMLRL layer passes the reward function each item's first-turn prompts at every turn, where
-    CoMLRL passes that turn's, so the prompt does not tell the turn there.)"""
+    means it logs (the same labels for either library's prompts: the order alone tells the turn)."""
     per_turn = settings.rollout_buffer_size * settings.num_generations
     step = per_turn * settings.num_turns
     raw, logged = result["raw_rewards"], result["turn_step_rewards"]
