@@ -283,6 +283,8 @@ def test_the_trainer_refuses_other_configs_and_iteration_checkpoints(tmp_path):
     )
     with pytest.raises(NotImplementedError, match="policy_checkpoint_dir"):
         trainer.train(checkpoint_dir=str(tmp_path / "ckpt"))
+    with pytest.raises(NotImplementedError, match="policy_checkpoint_dir"):
+        trainer.load_checkpoint(str(tmp_path / "ckpt"))
     args = MARLHFIterConfig(output_dir=str(tmp_path), log_reward_distribution=True, report_to="none")
     with pytest.raises(ValueError, match="reward_range"):
         MARLHFIterTrainer(agent_model=tiny_model_path(), reward_func=length_reward, args=args)

@@ -38,7 +38,10 @@ Not supported (raise at construction, naming the field): `comparator_policy="mod
 model other than the agents is not ported yet), `comparator_policy="api"` (an HTTP endpoint: this library makes no
 network calls, and its tests and CI run offline), `comparator_devices`, `comparator_generation_mode="centralized"`,
 more than one process, and CoMLRL's `train(checkpoint_dir=...)` iteration checkpoints. The `comparator_api_*` fields
-are accepted with CoMLRL's defaults and checks. MARLHFIter is not ported (MARLHF lives in its own module).
+are accepted with CoMLRL's defaults and checks.
+
+The iterative fields (`IterativePreferenceFields`) and steps 1-2 (`IterativePairs`) are shared with
+`marlhf_iter.MARLHFIterTrainer`, which trains a reward model and the agents online on them instead of step 3.
 """
 
 from __future__ import annotations

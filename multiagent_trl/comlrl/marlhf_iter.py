@@ -31,7 +31,8 @@ The online phases make one training run: each is a `Trainer.train` call that con
 optimizer (and its AdamW moments) is created once and reused; the trainer state (`global_step`, `epoch`, the log
 history) carries over (`_init_training_state` picks up where the last phase stopped, and the phase runs to
 `num_train_epochs` more epochs); the learning-rate schedule is built once, for every iteration's steps, and
-continues; each phase's data order is a new shuffle (the sampler's seed is `seed + phase`).
+continues; each phase's data order is a new shuffle (the sampler's seed is `seed + phase`). Callbacks see one
+`on_train_begin`/`on_train_end` per phase.
 
 Deliberate differences from CoMLRL 1.4.3, and why:
 
@@ -295,11 +296,19 @@ class MARLHFIterTrainer(IterativePairs, MARLHFTrainer):
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         # One schedule for the run: built by the first phase for every iteration's steps, then reused (Trainer
-        # would build a new one each `train()`, restarting warm-up and decay).
+        # would build a new one each `train()`, restarting warm-up and decay). `num_training_steps` is the first
+        # phase's steps; an iteration skipped for want of pairs leaves the schedule's end unreached.
         if self._run_scheduler is None:
             self._run_scheduler = super().create_scheduler(num_training_steps * self.args.num_iterations, optimizer)
         self.lr_scheduler = self._run_scheduler
         return self.lr_scheduler
+
+    def load_checkpoint(self, checkpoint: str):
+        """Not ported: CoMLRL's MARLHFIter checkpoints hold the iteration, the shards and the reward model."""
+        raise NotImplementedError(
+            "MARLHFIter does not resume from checkpoints (CoMLRL's iteration checkpoints are not ported): set "
+            "`policy_checkpoint_dir` to save the agents and the reward model after every iteration."
+        )
 
     def _get_train_sampler(self, dataset=None):
         # A new sampler each phase, seeded as the first: reseed it so that each phase draws another order.
