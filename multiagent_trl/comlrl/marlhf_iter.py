@@ -71,7 +71,7 @@ from ..preference.reward_training import JointPreferencePair, summarize, train_r
 from ..rewards.joint import bind_joint_scorer
 from ..team.views import swapped
 from .iterative import IterativePairs, IterativePreferenceFields
-from .marlhf import MARLHFConfig, MARLHFTrainer
+from .marlhf import ACTOR_CRITIC_ALGORITHMS, RL_ALGORITHMS, MARLHFConfig, MARLHFTrainer
 from .reinforce import MAGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -130,6 +130,12 @@ class MARLHFIterConfig(IterativePreferenceFields, MARLHFConfig):
     )
 
     def __post_init__(self):
+        algorithm = str(self.rl_algorithm or "magrpo").strip().lower()
+        if algorithm in ACTOR_CRITIC_ALGORITHMS:  # checked here too: the online phase runs MAGRPO's `train`
+            raise NotImplementedError(
+                f"`rl_algorithm={algorithm!r}`: MARLHFIter's online phase runs the MAGRPO family only (CoMLRL's "
+                f"actor-critic back-ends are not ported to it); use `rl_algorithm` in {list(RL_ALGORITHMS)}."
+            )
         selection = str(self.pair_selection).strip().lower()
         if selection not in COMPARISON_PAIR_SELECTIONS:
             raise ValueError(
