@@ -187,6 +187,7 @@ def test_reward_model_restarts_from_its_initial_weights_and_the_online_run_conti
         num_generations=2, preference_num_candidates=4, preference_pairs_per_sample=2, rollout_buffer_size=2,
         reward_learning_rate=1e-2, reward_num_train_epochs=1, reward_train_batch_size=64, reward_freeze_backbone=True,
         eval_interval=0, logging_steps=1, policy_checkpoint_dir=str(tmp_path / "policies"),
+        preference_replay_mode="all_history",
     )  # fmt: skip
     trainer = MARLHFIterTrainer(
         agent_model=tiny_model_path(),
@@ -201,20 +202,26 @@ def test_reward_model_restarts_from_its_initial_weights_and_the_online_run_conti
     assert [r["winner_reward"] for r in records] == pytest.approx(
         [length_reward(*[[c] for c in r["winner_completions"]])[0] for r in records]
     )
-    # Iteration 2's first reward-model step (one batch of every pair, loss measured before the update) saw the
-    # initial reward model, not iteration 1's.
+    # Iteration 2's first reward-model step (one batch of every training pair, loss measured before the update) saw
+    # the initial reward model, not iteration 1's.
     reference = JointRewardModel.from_pretrained(str(tmp_path / "policies" / "iteration_0000" / "reward_model"))
     first_iteration = {k: v.clone() for k, v in reference.state_dict().items()}
-    pairs = [record_pair(r) for r in records]
+    # all_history: iteration 2 trains on as many pairs as it drew, sampled from both shards (read back from JSON).
+    pairs = trainer.preference_pairs
+    shards = [json.loads((tmp_path / "preference_replay" / f"iteration_{i:04d}.json").read_text()) for i in (1, 2)]
+    assert len(pairs) == len(records) and {p.texts() for p in pairs} <= {
+        record_pair(r).texts() for data in shards for r in data["pairs"]
+    }
 
     def loss_under(state) -> float:
         reference.load_state_dict(state)
         reference.eval()
         with torch.no_grad():
-            return bradley_terry_loss(*(reference.score(list(texts)) for texts in zip(*(p.texts() for p in pairs))))
+            scores = [reference.score(list(texts)) for texts in zip(*(p.texts() for p in pairs))]  # (chosen, rejected)
+            return bradley_terry_loss(*scores).item()
 
-    assert trainer.reward_model_histories[1][0]["loss"] == pytest.approx(loss_under(initial).item(), abs=1e-5)
-    assert loss_under(first_iteration).item() != pytest.approx(trainer.reward_model_histories[1][0]["loss"], abs=1e-4)
+    assert trainer.reward_model_histories[1][0]["loss"] == pytest.approx(loss_under(initial), abs=1e-5)
+    assert loss_under(first_iteration) != pytest.approx(trainer.reward_model_histories[1][0]["loss"], abs=1e-4)
     # Frozen backbone: only the head ever moved.
     final = trainer.reward_model.state_dict()
     assert {k for k in initial if not torch.equal(initial[k], final[k])} == {"reward_head.weight", "reward_head.bias"}
