@@ -12,8 +12,9 @@ import os
 import pytest
 import torch
 from datasets import Dataset
+from trl import TrlParser
 
-from multiagent_trl import JointRewardModel, MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer
+from multiagent_trl import JointRewardModel, MADPOIterConfig, MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer
 from multiagent_trl.comlrl.marlhf_iter import record_pair
 from multiagent_trl.preference.losses import bradley_terry_loss
 from multiagent_trl.preference.reward_model import REWARD_HEAD_FILE
@@ -275,6 +276,13 @@ def test_bad_configs_raise_naming_the_field(theirs, fields, error, message):
             theirs.MARLHFIterConfig(**fields)
     with pytest.raises(error, match=message):
         MARLHFIterConfig(**fields, report_to="none")
+
+
+@pytest.mark.parametrize("config_class", [MARLHFIterConfig, MADPOIterConfig])
+def test_the_iterative_configs_parse_from_the_command_line(config_class):
+    line = ["--num_iterations", "3", "--preference_replay_mode", "last_k", "--preference_replay_k", "2"]
+    (config,) = TrlParser(config_class).parse_args_and_config([*line, "--report_to", "none"])
+    assert (config.num_iterations, config.preference_replay_mode, config.preference_replay_k) == (3, "nearest_k", 2)
 
 
 def test_the_trainer_refuses_other_configs_and_iteration_checkpoints(tmp_path):
