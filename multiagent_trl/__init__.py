@@ -5,6 +5,7 @@ from .comlrl.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .comlrl.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from .comlrl.iterative import MADPOIterConfig, MADPOIterTrainer
 from .comlrl.marlhf import MARLHFConfig, MARLHFTrainer
+from .comlrl.marlhf_iter import MARLHFIterConfig, MARLHFIterTrainer
 from .comlrl.preference import MADPOConfig, MADPOTrainer
 from .comlrl.reinforce import (
     MAGRPOConfig,
@@ -60,6 +61,8 @@ __all__ = [
     "MAReMaxConfig",
     "MAReMaxTrainer",
     "MARLHFConfig",
+    "MARLHFIterConfig",
+    "MARLHFIterTrainer",
     "MARLHFTrainer",
     "MARLOOConfig",
     "MARLOOTrainer",

@@ -1,7 +1,7 @@
 """CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`),
 the actor-critic family (`actor_critic`), centralized MAGRPO (`centralized`: one model writes every role), MADPO
-(`preference`), MARLHF (`marlhf`, with CoMLRL's `JointRewardModel`: `multiagent_trl.preference.reward_model`'s) and
-iterative MADPO (`iterative`)."""
+(`preference`), MARLHF (`marlhf`, with CoMLRL's `JointRewardModel`: `multiagent_trl.preference.reward_model`'s),
+iterative MADPO (`iterative`) and iterative MARLHF (`marlhf_iter`)."""
 
 from ..preference.reward_model import JointRewardModel
 from ..rewards.centralized import (
@@ -13,6 +13,7 @@ from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from .iterative import MADPOIterConfig, MADPOIterTrainer
 from .marlhf import MARLHFConfig, MARLHFTrainer
+from .marlhf_iter import MARLHFIterConfig, MARLHFIterTrainer
 from .preference import MADPOConfig, MADPOTrainer
 from .reinforce import (
     COMLRL_TWINS,
@@ -49,6 +50,8 @@ __all__ = [
     "MAReMaxTrainer",
     "MARLOOConfig",
     "MARLHFConfig",
+    "MARLHFIterConfig",
+    "MARLHFIterTrainer",
     "MARLHFTrainer",
     "MARLOOTrainer",
     "TaggedCentralizedComparatorAdapter",

@@ -38,7 +38,10 @@ Not supported (raise at construction, naming the field): `comparator_policy="mod
 model other than the agents is not ported yet), `comparator_policy="api"` (an HTTP endpoint: this library makes no
 network calls, and its tests and CI run offline), `comparator_devices`, `comparator_generation_mode="centralized"`,
 more than one process, and CoMLRL's `train(checkpoint_dir=...)` iteration checkpoints. The `comparator_api_*` fields
-are accepted with CoMLRL's defaults and checks. MARLHFIter is not ported (MARLHF lives in its own module).
+are accepted with CoMLRL's defaults and checks.
+
+The iterative fields (`IterativePreferenceFields`) and steps 1-2 (`IterativePairs`) are shared with
+`marlhf_iter.MARLHFIterTrainer`, which trains a reward model and the agents online on them instead of step 3.
 """
 
 from __future__ import annotations
@@ -78,46 +81,12 @@ GENERATION_MODE_ALIASES = {
 
 
 @dataclass
-class MADPOIterConfig(MADPOConfig):
-    r"""
-    `MADPOConfig` with CoMLRL 1.4.3's iterative fields (`MADPOIterConfig`), defaults and checks.
+class IterativePreferenceFields:
+    """CoMLRL 1.4.3's iterative fields (its `_IterativePreferenceConfig`) and their cross-field checks, shared by
+    `MADPOIterConfig` and `MARLHFIterConfig` (each documents them). A config mixes them in before its base config
+    and calls `_check_iterative_fields()` at the end of its `__post_init__`."""
 
-    Parameters:
-        num_iterations (`int`, *optional*, defaults to `6`):
-            Pair-refresh iterations (CoMLRL's meaning; TRL's `num_iterations`, updates per generation batch, is 1).
-        num_train_epochs (`1`), preference_num_candidates (`20`), preference_pairs_per_sample (`4`):
-            MADPO's fields with the iterative defaults: passes over an iteration's training pairs, K, pairs per item.
-        pair_selection (`str`, defaults to `"comparator_reward"`):
-            `"comparator_reward"`, `"reward_gap"`, `"random"` or `"all"` (see `preference.replay.comparison_pairs`).
-        preference_replay_mode (`str`, defaults to `"current"`):
-            `"current"`, `"nearest_k"`, `"all_history"` or `"lambda_decay"` (CoMLRL's aliases accepted).
-        preference_replay_k (`int`, required by `nearest_k`), preference_replay_lambda (`float` in [0, 1], required
-        by `lambda_decay`), preference_replay_sample_size (`int`, replay modes only; default: this iteration's pair
-        count): the replay's settings.
-        preference_replay_dir (`str`, *optional*): where shards go (default `output_dir/preference_replay`).
-        log_reward_distribution (`bool`, defaults to `False`): reward distribution metrics per iteration (needs
-            `reward_func.reward_range`).
-        policy_checkpoint_dir (`str`, *optional*): save the agents after each iteration there (and the initial ones).
-        comparator_policy (`str`, defaults to `"current"`): `"current"` or `"current_copy"`; `"model"`, `"history"`
-            and `"api"` raise `NotImplementedError`.
-        comparator_generation_mode (`"decentralized"`), comparator_centralized_agent_index (`0`),
-        comparator_model_name, comparator_agents, comparator_devices, comparator_num_candidates (K' , default K),
-        comparator_history_k: the comparator's settings, checked as CoMLRL checks them.
-        comparator_api_url, comparator_api_format (`"generic"`), comparator_api_model,
-        comparator_api_max_n_per_request, comparator_api_timeout (`120.0`), comparator_api_headers,
-        comparator_api_key, comparator_api_key_env, comparator_api_key_header (`"Authorization"`),
-        comparator_api_key_prefix (`"Bearer"`), comparator_api_response_field (`"completions"`),
-        comparator_api_extra_body: CoMLRL's HTTP comparator, accepted and checked; `comparator_policy="api"` raises.
-    """
-
-    output_dir: str | None = field(default="madpo_iter_output", metadata={"help": "Where outputs go."})
     num_iterations: int = field(default=6, metadata={"help": "Pair-refresh iterations (CoMLRL's meaning)."})
-    num_train_epochs: float = field(default=1, metadata={"help": "Passes over an iteration's training pairs."})
-    preference_num_candidates: int = field(default=20, metadata={"help": "Joint candidates per item (K, >= 2)."})
-    preference_pairs_per_sample: int | None = field(default=4, metadata={"help": "At most this many pairs per item."})
-    pair_selection: str = field(
-        default="comparator_reward", metadata={"help": "'comparator_reward', 'reward_gap', 'random' or 'all'."}
-    )
     preference_replay_mode: str = field(
         default="current", metadata={"help": "'current', 'nearest_k', 'all_history' or 'lambda_decay'."}
     )
@@ -131,8 +100,8 @@ class MADPOIterConfig(MADPOConfig):
     comparator_generation_mode: str = field(default="decentralized", metadata={"help": "'decentralized' only."})
     comparator_centralized_agent_index: int = field(default=0, metadata={"help": "Centralized comparator's agent."})
     comparator_model_name: str | None = field(default=None, metadata={"help": "comparator_policy='model' (raises)."})
-    comparator_agents: Sequence[str] | None = field(default=None, metadata={"help": "comparator_policy='model'."})
-    comparator_devices: str | Sequence[str] | None = field(default=None, metadata={"help": "Not supported."})
+    comparator_agents: list[str] | None = field(default=None, metadata={"help": "comparator_policy='model'."})
+    comparator_devices: list[str] | str | None = field(default=None, metadata={"help": "Not supported."})
     comparator_num_candidates: int | None = field(default=None, metadata={"help": "K' (default K)."})
     comparator_history_k: int | None = field(default=None, metadata={"help": "comparator_policy='history'."})
     comparator_api_url: str | None = field(default=None, metadata={"help": "HTTP comparator (not supported)."})
@@ -147,22 +116,6 @@ class MADPOIterConfig(MADPOConfig):
     comparator_api_key_prefix: str = field(default="Bearer", metadata={"help": "HTTP key prefix."})
     comparator_api_response_field: str = field(default="completions", metadata={"help": "HTTP response field."})
     comparator_api_extra_body: dict[str, Any] | None = field(default=None, metadata={"help": "HTTP extra body."})
-
-    def __post_init__(self):
-        selection = str(self.pair_selection).strip().lower()
-        if selection not in COMPARISON_PAIR_SELECTIONS:
-            raise ValueError(
-                f"`pair_selection` must be one of {', '.join(COMPARISON_PAIR_SELECTIONS)}; "
-                f"got {self.pair_selection!r}."
-            )
-        self.pair_selection = "reward_gap" if selection == "comparator_reward" else selection  # MADPO's checks
-        super().__post_init__()
-        self.pair_selection = selection
-        self._check_iterative_fields()
-
-    def _generation_batch(self) -> tuple[int, int]:
-        # Pairs are sampled and trained by the iterative loop, not in TRL's generation batches: one step per batch.
-        return self.rollout_buffer_size * self.num_generations, 1
 
     def _check_iterative_fields(self) -> None:
         """CoMLRL's cross-field checks (`_validate_iterative_config`), then what is not supported here."""
@@ -265,41 +218,111 @@ class MADPOIterConfig(MADPOConfig):
             )
 
 
-class MADPOIterTrainer(MADPOTrainer):
-    """Iterative MADPO with CoMLRL 1.4.3's `MADPOIterTrainer` arguments (those of `MADPOTrainer`).
+@dataclass
+class MADPOIterConfig(IterativePreferenceFields, MADPOConfig):
+    r"""
+    `MADPOConfig` with CoMLRL 1.4.3's iterative fields (`MADPOIterConfig`), defaults and checks.
 
-    `train()` runs the iterations described in the module docstring; `evaluate`, `save_model` are `MADPOTrainer`'s.
-    Logs go through Trainer's `log` (and so `report_to`), one entry per `logging_steps` updates and one per iteration.
+    Parameters:
+        num_iterations (`int`, *optional*, defaults to `6`):
+            Pair-refresh iterations (CoMLRL's meaning; TRL's `num_iterations`, updates per generation batch, is 1).
+        num_train_epochs (`1`), preference_num_candidates (`20`), preference_pairs_per_sample (`4`):
+            MADPO's fields with the iterative defaults: passes over an iteration's training pairs, K, pairs per item.
+        pair_selection (`str`, defaults to `"comparator_reward"`):
+            `"comparator_reward"`, `"reward_gap"`, `"random"` or `"all"` (see `preference.replay.comparison_pairs`).
+        preference_replay_mode (`str`, defaults to `"current"`):
+            `"current"`, `"nearest_k"`, `"all_history"` or `"lambda_decay"` (CoMLRL's aliases accepted).
+        preference_replay_k (`int`, required by `nearest_k`), preference_replay_lambda (`float` in [0, 1], required
+        by `lambda_decay`), preference_replay_sample_size (`int`, replay modes only; default: this iteration's pair
+        count): the replay's settings.
+        preference_replay_dir (`str`, *optional*): where shards go (default `output_dir/preference_replay`).
+        log_reward_distribution (`bool`, defaults to `False`): reward distribution metrics per iteration (needs
+            `reward_func.reward_range`).
+        policy_checkpoint_dir (`str`, *optional*): save the agents after each iteration there (and the initial ones).
+        comparator_policy (`str`, defaults to `"current"`): `"current"` or `"current_copy"`; `"model"`, `"history"`
+            and `"api"` raise `NotImplementedError`.
+        comparator_generation_mode (`"decentralized"`), comparator_centralized_agent_index (`0`),
+        comparator_model_name, comparator_agents, comparator_devices, comparator_num_candidates (K' , default K),
+        comparator_history_k: the comparator's settings, checked as CoMLRL checks them.
+        comparator_api_url, comparator_api_format (`"generic"`), comparator_api_model,
+        comparator_api_max_n_per_request, comparator_api_timeout (`120.0`), comparator_api_headers,
+        comparator_api_key, comparator_api_key_env, comparator_api_key_header (`"Authorization"`),
+        comparator_api_key_prefix (`"Bearer"`), comparator_api_response_field (`"completions"`),
+        comparator_api_extra_body: CoMLRL's HTTP comparator, accepted and checked; `comparator_policy="api"` raises.
     """
 
-    default_config_cls = MADPOIterConfig
-    algorithm_name = "MADPOIter"
+    output_dir: str | None = field(default="madpo_iter_output", metadata={"help": "Where outputs go."})
+    num_train_epochs: float = field(default=1, metadata={"help": "Passes over an iteration's training pairs."})
+    preference_num_candidates: int = field(default=20, metadata={"help": "Joint candidates per item (K, >= 2)."})
+    preference_pairs_per_sample: int | None = field(default=4, metadata={"help": "At most this many pairs per item."})
+    pair_selection: str = field(
+        default="comparator_reward", metadata={"help": "'comparator_reward', 'reward_gap', 'random' or 'all'."}
+    )
 
-    def __init__(self, *args, **kwargs):
-        config = kwargs.get("args") if "args" in kwargs else (args[14] if len(args) > 14 else None)
-        if config is not None and not isinstance(config, MADPOIterConfig):  # None: `default_config_cls()`
-            raise TypeError(f"`args` is a {type(config).__name__}; MADPOIterTrainer needs a MADPOIterConfig.")
-        bounds = None
-        if (config or self.default_config_cls).log_reward_distribution:
-            reward = kwargs.get("reward_func", kwargs.get("reward_funcs", args[7] if len(args) > 7 else None))
-            funcs = reward if isinstance(reward, (list, tuple)) else [reward]
-            bounds = next((b for b in (reward_range(f) for f in funcs if f is not None) if b is not None), None)
-            if bounds is None:
-                raise ValueError(
-                    "`log_reward_distribution=True` needs the reward's range: set `reward_func.reward_range = (min, "
-                    "max)` (CoMLRL's `set_reward_range`), or turn `log_reward_distribution` off."
-                )
-        super().__init__(*args, **kwargs)
+    def __post_init__(self):
+        selection = str(self.pair_selection).strip().lower()
+        if selection not in COMPARISON_PAIR_SELECTIONS:
+            raise ValueError(
+                f"`pair_selection` must be one of {', '.join(COMPARISON_PAIR_SELECTIONS)}; "
+                f"got {self.pair_selection!r}."
+            )
+        self.pair_selection = "reward_gap" if selection == "comparator_reward" else selection  # MADPO's checks
+        super().__post_init__()
+        self.pair_selection = selection
+        self._check_iterative_fields()
+
+    def _generation_batch(self) -> tuple[int, int]:
+        # Pairs are sampled and trained by the iterative loop, not in TRL's generation batches: one step per batch.
+        return self.rollout_buffer_size * self.num_generations, 1
+
+
+class IterativePairs:
+    """The iterative trainers' shared steps (CoMLRL's `_IterativePreferenceTrainerMixin`), mixed into a team trainer
+    whose `args` has `IterativePreferenceFields`: each iteration's pairs of the current policy against the comparator
+    over the training set, the shard, the training pairs drawn by the replay mode and the iteration's log entries."""
+
+    replay_shards: list[ReplayShard]
+    reward_range: tuple[float, float] | None
+
+    @classmethod
+    def _reward_bounds(cls, config, args: tuple, kwargs: dict) -> tuple[float, float] | None:
+        """The task reward's `reward_range`, which `log_reward_distribution` needs (checked before anything loads)."""
+        if not (config or cls.default_config_cls).log_reward_distribution:
+            return None
+        reward = kwargs.get("reward_func", kwargs.get("reward_funcs", args[7] if len(args) > 7 else None))
+        funcs = reward if isinstance(reward, (list, tuple)) else [reward]
+        bounds = next((b for b in (reward_range(f) for f in funcs if f is not None) if b is not None), None)
+        if bounds is None:
+            raise ValueError(
+                "`log_reward_distribution=True` needs the reward's range: set `reward_func.reward_range = (min, "
+                "max)` (CoMLRL's `set_reward_range`), or turn `log_reward_distribution` off."
+            )
+        return bounds
+
+    def _init_iterations(self, bounds: tuple[float, float] | None, distributed_alternative: str) -> None:
         self.num_iterations = 1  # TRL's meaning (updates per generation batch); CoMLRL's is `args.num_iterations`
         if self.args.world_size > 1:
             raise NotImplementedError(
-                "MADPOIterTrainer runs in one process: its pair sampling and replay are not distributed yet. "
-                "Launch it without `accelerate launch`/`torchrun` (or use MADPOTrainer, which is)."
+                f"{type(self).__name__} runs in one process: its pair sampling and replay are not distributed yet. "
+                f"Launch it without `accelerate launch`/`torchrun` (or use {distributed_alternative}, which is)."
             )
         self.reward_range = bounds
-        self.replay_shards: list[ReplayShard] = []
+        self.replay_shards = []
 
-    # ------------------------------------------------------------------ paths
+    def _check_train_arguments(self, resume_from_checkpoint, checkpoint_dir, interval, total_limit, kwargs) -> None:
+        if resume_from_checkpoint is not None or checkpoint_dir is not None or total_limit is not None:
+            raise NotImplementedError(
+                "CoMLRL's iteration checkpoints (`train(checkpoint_dir=..., resume_from_checkpoint=...)`) are not "
+                f"ported for {self.algorithm_name}: set `policy_checkpoint_dir` to save the agents after every "
+                "iteration."
+            )
+        if interval != 1 or kwargs:
+            raise TypeError(
+                f"train() got checkpoint_interval={interval!r} and {sorted(kwargs)}: generation settings "
+                "are config fields here, and iteration checkpoints are not ported."
+            )
+        if self.train_dataset is None:
+            raise ValueError("Training needs a `train_dataset`: pass `train_dataset=` to the trainer.")
 
     def _output_path(self, configured: str | None, name: str) -> str:
         return configured or os.path.join(self.args.output_dir, name)
@@ -314,79 +337,44 @@ class MADPOIterTrainer(MADPOTrainer):
         """Where the policy checkpoints go (`None`: not saved)."""
         return self.args.policy_checkpoint_dir
 
-    # ------------------------------------------------------------------ the loop
-
-    def train(
-        self,
-        resume_from_checkpoint: str | bool | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_interval: int = 1,
-        checkpoint_total_limit: int | None = None,
-        **kwargs,
-    ):
-        """Run `num_iterations` iterations: sample pairs against the comparator, write the shard, select the training
-        pairs, train on them. Returns the number of updates."""
-        if resume_from_checkpoint is not None or checkpoint_dir is not None or checkpoint_total_limit is not None:
-            raise NotImplementedError(
-                "CoMLRL's iteration checkpoints (`train(checkpoint_dir=..., resume_from_checkpoint=...)`) are not "
-                "ported for MADPOIter: set `policy_checkpoint_dir` to save the agents after every iteration."
-            )
-        if checkpoint_interval != 1 or kwargs:
-            raise TypeError(
-                f"train() got checkpoint_interval={checkpoint_interval!r} and {sorted(kwargs)}: generation settings "
-                "are config fields here, and iteration checkpoints are not ported."
-            )
-        if self.train_dataset is None:
-            raise ValueError("Training needs a `train_dataset`: pass `train_dataset=` to the trainer.")
+    def _training_pairs(
+        self, it: int, current: list[dict], candidates: tuple[list[float], list[float]], total: int
+    ) -> tuple[list[dict], dict[str, float]]:
+        """Write iteration `it`'s shard (0-based `it`, 1-based file name), draw the training pairs by the replay mode,
+        and return them with the iteration's log entries (`total`: training pairs of the earlier iterations)."""
         args = self.args
-        self.model.train()
-        if self.optimizer is None:
-            self.create_optimizer()
-        self.current_gradient_accumulation_steps = 1
-        if self.policy_checkpoint_dir:
-            self.save_model(os.path.join(self.policy_checkpoint_dir, "initial"))
-        updates, total = 0, 0
-        for it in range(args.num_iterations):
-            current, candidates = self._iteration_pairs()
-            shard = write_shard(self.preference_replay_dir, it + 1, current)
-            if shard is not None:
-                self.replay_shards.append(shard)
-            train_pairs = replay_selection(
-                args.preference_replay_mode,
-                current,
-                self.replay_shards,
-                args.preference_replay_k,
-                args.preference_replay_lambda,
-                args.preference_replay_sample_size,
-            )
-            total += len(train_pairs)
-            logs = {
-                "iter/current_iteration": float(it + 1),
-                "iter/current_preference_pairs": float(len(current)),
-                "iter/total_preference_pairs": float(total),
-                "iter/train_preference_pairs": float(len(train_pairs)),
-            }
-            if args.log_reward_distribution:
-                logs.update(distribution_metrics("iter/reward_distribution", it, *candidates))
-                selected = [  # (target, comparator) raw rewards of the training pairs that record them
-                    [r[key] for r in train_pairs if r.get(key) is not None]
-                    for key in ("target_raw_reward", "comparator_raw_reward")
-                ]
-                logs.update(distribution_metrics("iter/selected_reward_distribution", it, *selected, len(train_pairs)))
-            self.log(logs)
-            updates = self._train_pairs(train_pairs, updates)
-            if self.policy_checkpoint_dir:
-                self.save_model(os.path.join(self.policy_checkpoint_dir, f"iteration_{it:04d}"))
-        return updates
+        shard = write_shard(self.preference_replay_dir, it + 1, current)
+        if shard is not None:
+            self.replay_shards.append(shard)
+        train_pairs = replay_selection(
+            args.preference_replay_mode,
+            current,
+            self.replay_shards,
+            args.preference_replay_k,
+            args.preference_replay_lambda,
+            args.preference_replay_sample_size,
+        )
+        logs = {
+            "iter/current_iteration": float(it + 1),
+            "iter/current_preference_pairs": float(len(current)),
+            "iter/total_preference_pairs": float(total + len(train_pairs)),
+            "iter/train_preference_pairs": float(len(train_pairs)),
+        }
+        if args.log_reward_distribution:
+            logs.update(distribution_metrics("iter/reward_distribution", it, *candidates))
+            selected = [  # (target, comparator) raw rewards of the training pairs that record them
+                [r[key] for r in train_pairs if r.get(key) is not None]
+                for key in ("target_raw_reward", "comparator_raw_reward")
+            ]
+            logs.update(distribution_metrics("iter/selected_reward_distribution", it, *selected, len(train_pairs)))
+        return train_pairs, logs
 
     def _iteration_pairs(self) -> tuple[list[dict], tuple[list[float], list[float]]]:
         """This iteration's pair records over the whole training set, and every candidate's raw reward (current,
         comparator)."""
         args, dataset = self.args, self.train_dataset
-        width, comparator_width = (
-            args.preference_num_candidates,
-            args.comparator_num_candidates or args.num_generations,
-        )
+        width = args.preference_num_candidates
+        comparator_width = args.comparator_num_candidates or width
         records, raw_current, raw_comparator = [], [], []
         for start in range(0, len(dataset), args.rollout_buffer_size):
             items = [dataset[j] for j in range(start, min(start + args.rollout_buffer_size, len(dataset)))]
@@ -457,6 +445,58 @@ class MADPOIterTrainer(MADPOTrainer):
                 }
             )
         return records
+
+
+class MADPOIterTrainer(IterativePairs, MADPOTrainer):
+    """Iterative MADPO with CoMLRL 1.4.3's `MADPOIterTrainer` arguments (those of `MADPOTrainer`).
+
+    `train()` runs the iterations described in the module docstring; `evaluate`, `save_model` are `MADPOTrainer`'s.
+    Logs go through Trainer's `log` (and so `report_to`), one entry per `logging_steps` updates and one per iteration.
+    """
+
+    default_config_cls = MADPOIterConfig
+    algorithm_name = "MADPOIter"
+
+    def __init__(self, *args, **kwargs):
+        config = kwargs.get("args") if "args" in kwargs else (args[14] if len(args) > 14 else None)
+        if config is not None and not isinstance(config, MADPOIterConfig):  # None: `default_config_cls()`
+            raise TypeError(f"`args` is a {type(config).__name__}; MADPOIterTrainer needs a MADPOIterConfig.")
+        bounds = self._reward_bounds(config, args, kwargs)
+        super().__init__(*args, **kwargs)
+        self._init_iterations(bounds, "MADPOTrainer")
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int = 1,
+        checkpoint_total_limit: int | None = None,
+        **kwargs,
+    ):
+        """Run `num_iterations` iterations: sample pairs against the comparator, write the shard, select the training
+        pairs, train on them. Returns the number of updates."""
+        self._check_train_arguments(
+            resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, kwargs
+        )
+        args = self.args
+        self.model.train()
+        if self.optimizer is None:
+            self.create_optimizer()
+        self.current_gradient_accumulation_steps = 1
+        if self.policy_checkpoint_dir:
+            self.save_model(os.path.join(self.policy_checkpoint_dir, "initial"))
+        updates, total = 0, 0
+        for it in range(args.num_iterations):
+            current, candidates = self._iteration_pairs()
+            train_pairs, logs = self._training_pairs(it, current, candidates, total)
+            total += len(train_pairs)
+            self.log(logs)
+            updates = self._train_pairs(train_pairs, updates)
+            if self.policy_checkpoint_dir:
+                self.save_model(os.path.join(self.policy_checkpoint_dir, f"iteration_{it:04d}"))
+        return updates
 
     def _record_tokens(self, record: dict) -> list[tuple[list[int], list[int], list[int]]]:
         """Each agent's `(prompt, winner, loser)` token ids of a record: the sampled ones, or, for a record without
@@ -535,4 +575,4 @@ def distribution_metrics(
     return metrics
 
 
-__all__ = ["MADPOIterConfig", "MADPOIterTrainer"]
+__all__ = ["IterativePairs", "IterativePreferenceFields", "MADPOIterConfig", "MADPOIterTrainer"]
