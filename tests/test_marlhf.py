@@ -19,7 +19,7 @@ from datasets import Dataset
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from multiagent_trl import JointRewardModel, MARLHFConfig, MARLHFTrainer, MultiAgentGRPOTrainer
+from multiagent_trl import JointRewardModel, MARLHFConfig, MARLHFTrainer, MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 from multiagent_trl.preference.reward_model import REWARD_HEAD_FILE
 from multiagent_trl.preference.reward_training import (
     JointPreferencePair,
@@ -295,6 +295,27 @@ def test_no_pair_raises_with_the_fix(tmp_path):
         trainer.train()
     with pytest.raises(ValueError, match="num_candidates"):
         collect_preference_pairs(trainer, trainer.train_dataset, num_candidates=1)
+
+
+def test_collecting_pairs_leaves_the_training_metrics_empty(tmp_path):
+    """Sampling pairs is not a training step: what TRL records while the agents generate (completion lengths, the
+    rewards) must not land in the first training log, for the team or any agent."""
+    def graded(completions1, completions2):
+        return [float(len(a)) - 0.5 * len(b) for a, b in zip(completions1, completions2)]
+
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_model_path(),
+        reward_funcs=graded,
+        args=MultiAgentGRPOConfig(
+            output_dir=str(tmp_path), report_to="none", num_agents=2, num_generations=2, max_completion_length=4
+        ),
+        train_dataset=Dataset.from_dict({"prompt": ["Hi", "Yo"]}),
+    )
+    pairs = collect_preference_pairs(trainer, trainer.train_dataset, num_candidates=4, pairs_per_sample=2)
+    assert pairs
+    assert not any(trainer._metrics["train"].values())
+    for view in trainer._agent_views:
+        assert not any(view["_metrics"]["train"].values())
 
 
 # ---- 4. the config and the constructor: CoMLRL's fields, defaults and checks

@@ -69,7 +69,7 @@ import torch
 from ..preference.replay import COMPARISON_PAIR_SELECTIONS
 from ..preference.reward_training import JointPreferencePair, summarize, train_reward_model
 from ..rewards.joint import bind_joint_scorer
-from ..team.views import swapped
+from ..team.views import metrics_aside, swapped
 from .iterative import IterativePairs, IterativePreferenceFields
 from .marlhf import ACTOR_CRITIC_ALGORITHMS, RL_ALGORITHMS, MARLHFConfig, MARLHFTrainer
 from .reinforce import MAGRPOTrainer
@@ -258,16 +258,8 @@ class MARLHFIterTrainer(IterativePairs, MARLHFTrainer):
                 reward_processing_classes=[None],
                 reward_processor=None,
             )
-        views = self._agent_views  # each agent's view records its own metrics (`team.views.PER_AGENT`)
-        saved = [view["_metrics"] for view in views]
-        for view in views:
-            view["_metrics"] = {"train": defaultdict(list), "eval": defaultdict(list)}
-        try:
-            with self._swap(**swaps):
-                yield
-        finally:
-            for view, metrics in zip(views, saved, strict=True):
-                view["_metrics"] = metrics
+        with metrics_aside(self._agent_views), self._swap(**swaps):  # each agent's view records its own metrics
+            yield
 
     def _reset_reward_model(self) -> None:
         """Put the reward model back to its weights at construction (CoMLRL re-creates it every iteration)."""

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.data import DataLoader
 
+from ..team.views import metrics_aside
 from .losses import bradley_terry_loss
 from .pairs import check_pair_set, select_pairs
 from .reward_model import JointRewardModel, joint_text
@@ -143,7 +144,7 @@ def collect_preference_pairs(
     training = trainer.model.training
     trainer.model.train()
     try:
-        with trainer._swap(_metrics=metrics), torch.no_grad():
+        with trainer._swap(_metrics=metrics), metrics_aside(trainer._agent_views), torch.no_grad():
             for c in range(calls):
                 chunk = local[c * items_per_call : (c + 1) * items_per_call]
                 real = len(chunk)

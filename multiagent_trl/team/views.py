@@ -12,6 +12,7 @@ is not sorted here, so a TRL upgrade that adds state fails in one named place in
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import functools
@@ -356,6 +357,22 @@ def merge_agent_metrics(views: list[dict[str, Any]], metrics: dict[str, list], m
             elif prefix or key not in metrics:  # a team of one: the joint values are the agent's
                 metrics[prefix + key].extend(values)
         view["_metrics"][mode].clear()
+
+
+@contextlib.contextmanager
+def metrics_aside(views: list[dict[str, Any]]) -> Iterator[list[dict[str, list]]]:
+    """Inside the block, each agent's view records its metrics into fresh dicts, yielded (one per agent); its own come
+    back after it. For sampling outside a training step (preference pairs), whose completion lengths and rewards must
+    not land in the next training log."""
+    saved = [view["_metrics"] for view in views]
+    fresh = [{"train": collections.defaultdict(list), "eval": collections.defaultdict(list)} for _ in views]
+    for view, metrics in zip(views, fresh, strict=True):
+        view["_metrics"] = metrics
+    try:
+        yield fresh
+    finally:
+        for view, metrics in zip(views, saved, strict=True):
+            view["_metrics"] = metrics
 
 
 @contextlib.contextmanager
