@@ -59,6 +59,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import torch
@@ -69,6 +70,7 @@ from ..preference.pairs import PAIR_SELECTIONS
 from ..preference.reward_model import JointRewardModel
 from ..preference.reward_training import collect_preference_pairs, summarize, train_reward_model
 from ..rewards.joint import bind_joint_scorer
+from .actor_critic import CRITIC_MODEL_CONFIG_KEYS, IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .reinforce import MAGRPOConfig, MAGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -91,6 +93,59 @@ CRITIC_DEFAULTS = {
     "value_head_hidden_dim": None,
 }
 UNUSED_MADPO_DEFAULTS = {"dpo_beta": 0.1, "use_environment_step": True, "environment_steps_per_pair": 2}
+# IAC's critic fields that MAAC (one joint critic model) has no use for: only their defaults are accepted.
+MAAC_UNUSED_DEFAULTS = {"use_separate_critic": True, "value_clip_range": 0.2, "value_head_hidden_dim": None}
+# The MARLHF fields the online actor-critic config is built from (CoMLRL's `_build_actor_critic_common_config` and
+# `_build_iac_config`; `train_batch_size`/`eval_batch_size` are read from their stored CoMLRL values).
+ACTOR_CRITIC_FIELDS = (
+    "agent_learning_rate",
+    "critic_learning_rate",
+    "rollout_buffer_size",
+    "value_loss_coef",
+    "advantage_normalization",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "num_train_epochs",
+    "num_agents",
+    "num_generations",
+    "num_turns",
+    "parallel_training",
+    "agent_devices",
+    "critic_devices",
+    "external_prompt_passthrough",
+    "discount",
+    "critic_type",
+    "early_termination_threshold",
+    "eval_interval",
+    "eval_num_samples",
+    "logging_steps",
+    "reference_kl_enabled",
+    "reference_kl_coef",
+    "reference_devices",
+    "use_separate_critic",
+    "value_clip_range",
+    "critic_value_head_hidden_dim",
+    "value_head_hidden_dim",
+)
+# `model_config` keys the online actor-critic trainer reads (the agents are already loaded: their keys are not passed).
+ONLINE_MODEL_CONFIG_KEYS = ("torch_dtype", "dtype", "attn_implementation", *CRITIC_MODEL_CONFIG_KEYS)
+# TRL/Trainer settings of the run that the online actor-critic trainer shares.
+SHARED_TRL_FIELDS = (
+    "output_dir",
+    "seed",
+    "data_seed",
+    "report_to",
+    "run_name",
+    "logging_dir",
+    "use_cpu",
+    "bf16",
+    "fp16",
+    "disable_tqdm",
+    "log_completions",
+    "shuffle_dataset",
+)
 
 
 @dataclass
@@ -195,27 +250,31 @@ class MARLHFConfig(MAGRPOConfig):
                 f"`rl_algorithm` must be one of {[*RL_ALGORITHMS, *ACTOR_CRITIC_ALGORITHMS]}, got "
                 f"{self.rl_algorithm!r}."
             )
-        if algorithm in ACTOR_CRITIC_ALGORITHMS:
-            raise NotImplementedError(
-                f"`rl_algorithm={algorithm!r}` (MARLHF with an actor-critic back-end) is not ported yet: use "
-                f"`rl_algorithm` in {list(RL_ALGORITHMS)}, or train the reward model (`train_reward_model`) and pass "
-                f"it as `reward_func=` to `{algorithm.upper()}Trainer`."
-            )
         self.rl_algorithm = algorithm
-        if self.num_generations is None or self.num_generations < 2:
+        actor_critic = algorithm in ACTOR_CRITIC_ALGORITHMS
+        minimum = 1 if actor_critic else 2
+        if self.num_generations is None or self.num_generations < minimum:
             raise ValueError(
-                f"`num_generations` must be >= 2 for `rl_algorithm={algorithm!r}` (the MAGRPO family compares a "
-                f"prompt's samples), got {self.num_generations}."
+                f"`num_generations` must be >= {minimum} for `rl_algorithm={algorithm!r}`"
+                + ("" if actor_critic else " (the MAGRPO family compares a prompt's samples)")
+                + f", got {self.num_generations}."
             )
-        mode = RL_ALGORITHMS[algorithm]
         given = str(self.advantage_mode).strip().lower()
-        if given not in ("mean", mode):  # "mean" is the default, which CoMLRL overwrites from rl_algorithm
-            raise ValueError(
-                f"`advantage_mode={self.advantage_mode!r}` contradicts `rl_algorithm={algorithm!r}` (advantage mode "
-                f"{mode!r}); MARLHF sets it from `rl_algorithm`: drop `advantage_mode` or choose the `rl_algorithm` "
-                f"of that mode ({ {v: k for k, v in RL_ALGORITHMS.items()}.get(given, 'none')!r})."
-            )
-        self.advantage_mode = mode
+        if actor_critic:
+            if given != "mean":
+                raise ValueError(
+                    f"`advantage_mode={self.advantage_mode!r}` serves the MAGRPO family; `rl_algorithm="
+                    f"{algorithm!r}` takes its advantages from the critic: drop `advantage_mode`."
+                )
+        else:
+            mode = RL_ALGORITHMS[algorithm]
+            if given not in ("mean", mode):  # "mean" is the default, which CoMLRL overwrites from rl_algorithm
+                raise ValueError(
+                    f"`advantage_mode={self.advantage_mode!r}` contradicts `rl_algorithm={algorithm!r}` (advantage "
+                    f"mode {mode!r}); MARLHF sets it from `rl_algorithm`: drop `advantage_mode` or choose the "
+                    f"`rl_algorithm` of that mode ({ {v: k for k, v in RL_ALGORITHMS.items()}.get(given, 'none')!r})."
+                )
+            self.advantage_mode = mode
         for name, ok, rule in (
             ("reward_learning_rate", self.reward_learning_rate > 0, "> 0"),
             ("reward_num_train_epochs", self.reward_num_train_epochs >= 1, ">= 1"),
@@ -268,13 +327,50 @@ class MARLHFConfig(MAGRPOConfig):
                 f"MARLHF's reward model scores aligned joint samples only: set `joint_mode='aligned'`, got "
                 f"{self.joint_mode!r}."
             )
-        for defaults, why in (
-            (CRITIC_DEFAULTS, "serves `rl_algorithm='iac'`/`'maac'`, which is not ported yet"),
-            (UNUSED_MADPO_DEFAULTS, "is a MADPO field that MARLHF never reads (CoMLRL ignores it too)"),
-        ):
+        checks = [(UNUSED_MADPO_DEFAULTS, "is a MADPO field that MARLHF never reads (CoMLRL ignores it too)")]
+        if not actor_critic:
+            why = f"serves `rl_algorithm='iac'`/`'maac'`, not `rl_algorithm={algorithm!r}`"
+            checks.append((CRITIC_DEFAULTS, why))
+        elif algorithm == "maac":
+            checks.append((MAAC_UNUSED_DEFAULTS, "serves IAC's critics; MAAC trains one joint critic model"))
+        for defaults, why in checks:
             for name, default in defaults.items():
                 if getattr(self, name) != default:
                     raise ValueError(f"`{name}={getattr(self, name)!r}` {why}: leave it at its default ({default!r}).")
+        if actor_critic:
+            # The online phase's config, from the fields as given (the MAGRPO host below rewrites some of them);
+            # building it now raises its checks at construction.
+            self._actor_critic_fields = {name: getattr(self, name) for name in ACTOR_CRITIC_FIELDS}
+            self._actor_critic_fields["train_batch_size"] = self.comlrl_train_batch_size
+            self._actor_critic_fields["eval_batch_size"] = self.comlrl_eval_batch_size
+            self.actor_critic_config()
+            # The host only samples the preference candidates and evaluates; MAGRPO's config wants 2 samples.
+            self.num_generations = max(self.num_generations, 2)
+
+    def actor_critic_config(self) -> IACConfig | MAACConfig:
+        """The online phase's `IACConfig`/`MAACConfig` (`rl_algorithm="iac"`/`"maac"`): CoMLRL's
+        `_build_actor_critic_common_config` fields (the critic's learning rate `None` -> `agent_learning_rate`;
+        `num_turns=1`), IAC's critic fields, and the run's TRL settings (`output_dir`, `seed`, `report_to`, ...)."""
+        if self.rl_algorithm not in ACTOR_CRITIC_ALGORITHMS:
+            raise ValueError(f"`rl_algorithm={self.rl_algorithm!r}` trains no critic: it has no actor-critic config.")
+        values = dict(self._actor_critic_fields)
+        values["critic_learning_rate"] = values["critic_learning_rate"] or values["agent_learning_rate"]
+        # CoMLRL's child updates once its buffer holds `rollout_buffer_size` samples, filled an item (G samples) at
+        # a time: the buffer it trains on is the size rounded up to whole items.
+        generations = values["num_generations"]
+        values["rollout_buffer_size"] = -(-values["rollout_buffer_size"] // generations) * generations
+        if self.rl_algorithm == "maac":
+            for name in MAAC_UNUSED_DEFAULTS:
+                values.pop(name)
+            hidden = values.pop("critic_value_head_hidden_dim")
+            config = MAACConfig(**values, **self._trl_settings())
+            config.critic_value_head_hidden_dim = hidden  # CoMLRL's MAAC reads it from model_config; see the docs
+            return config
+        return IACConfig(**values, **self._trl_settings())
+
+    def _trl_settings(self) -> dict[str, Any]:
+        names = {f.name for f in dataclass_fields(self)}
+        return {name: getattr(self, name) for name in SHARED_TRL_FIELDS if name in names}
 
 
 class MARLHFTrainer(MAGRPOTrainer):
@@ -334,17 +430,16 @@ class MARLHFTrainer(MAGRPOTrainer):
                 "`centralized_comparator_adapter` serves `collaboration_mode='centralized'`, which is not ported to "
                 "MARLHF yet: drop it and train decentralized agents."
             )
-        actor_critic = {"metrics_callback": metrics_callback, "critic_model": critic_model, "critics": critics}
-        for name, value in actor_critic.items():
-            if value is not None:
-                raise NotImplementedError(
-                    f"`{name}` serves MARLHF's actor-critic back-ends (`rl_algorithm='iac'`/`'maac'`), which are not "
-                    f"ported yet; this trainer runs `rl_algorithm={args.rl_algorithm!r}`: drop `{name}`."
-                )
+        self._check_online_arguments(args, metrics_callback, critic_model, critics, eval_logger, kwargs)
         if reward_model is not None and not isinstance(reward_model, JointRewardModel):
             raise TypeError(
                 f"`reward_model` must be a multiagent_trl JointRewardModel, got {type(reward_model).__name__}."
             )
+        model_config = dict(model_config) if model_config is not None else None
+        critic_config = {}  # CoMLRL's critic loading keys, read by the actor-critic back-ends only
+        if model_config is not None and args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
+            critic_config = {k: model_config.pop(k) for k in CRITIC_MODEL_CONFIG_KEYS if k in model_config}
+        callbacks = kwargs.get("callbacks")
         super().__init__(
             agent_model=agent_model,
             agents=agents,
@@ -377,6 +472,62 @@ class MARLHFTrainer(MAGRPOTrainer):
         self.preference_pairs: list = []
         self.reward_model_history: list[dict[str, float]] = []
         self._online_reward: Callable | None = None  # the reward model as the training reward, once trained
+        # The actor-critic back-ends: what the online trainer is built from, each online phase.
+        self.metrics_callback = metrics_callback
+        self.critic_model, self.critics = critic_model, critics
+        self.task_reward, self.task_reward_processor = reward_func, reward_processor
+        self.comlrl_formatters = formatters
+        self.model_config = {**(model_config or {}), **critic_config}
+        self.online_callbacks = callbacks
+        self.online_trainer: IACTrainer | MAACTrainer | None = None  # the last online phase's trainer
+        if args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
+            self._critic_sources()  # raises now if there is no critic to build
+
+    def _check_online_arguments(self, args, metrics_callback, critic_model, critics, eval_logger, kwargs) -> None:
+        """The constructor's actor-critic arguments against `rl_algorithm`, with CoMLRL's checks."""
+        given = {"metrics_callback": metrics_callback, "critic_model": critic_model, "critics": critics}
+        if args.rl_algorithm not in ACTOR_CRITIC_ALGORITHMS:
+            for name, value in given.items():
+                if value is not None:
+                    raise ValueError(
+                        f"`{name}` serves MARLHF's actor-critic back-ends (`rl_algorithm='iac'`/`'maac'`); this "
+                        f"trainer runs `rl_algorithm={args.rl_algorithm!r}`: drop `{name}` or change `rl_algorithm`."
+                    )
+            return
+        for name, value in (("eval_logger", eval_logger), ("peft_config", kwargs.get("peft_config"))):
+            if value is not None:
+                raise NotImplementedError(
+                    f"`{name}` is not supported with `rl_algorithm={args.rl_algorithm!r}` (the online actor-critic "
+                    f"trainer does not take it): drop `{name}` or use `rl_algorithm` in {list(RL_ALGORITHMS)}."
+                )
+        if args.rl_algorithm == "iac" and not args.use_separate_critic:
+            if critic_model is not None or critics is not None or args.critic_model_name is not None:
+                raise ValueError(
+                    "critics can only be provided when use_separate_critic=True: with `use_separate_critic=False` "
+                    "each agent carries its own value head; drop `critic_model`/`critics`/`critic_model_name`."
+                )
+        count = 1 if args.rl_algorithm == "maac" else None  # IAC: one per agent, checked once the team is known
+        if critics is not None and count is not None and len(list(critics)) != count:
+            raise ValueError(f"MAAC trains one joint critic: `critics` must hold 1 model, got {len(list(critics))}.")
+
+    def _critic_sources(self) -> tuple[Any, list | None]:
+        """`(critic_model, critics)` for the online trainer, as CoMLRL resolves them: `critics`, else `critic_model`,
+        else `critic_model_name`, else the agents' model; `(None, None)` for value heads on the agents."""
+        args = self.args
+        if args.rl_algorithm == "iac" and not args.use_separate_critic:
+            return None, None
+        if self.critics is not None:
+            critics = list(self.critics)
+            if args.rl_algorithm == "iac" and len(critics) != self.num_agents:
+                raise ValueError(f"`critics` must hold one critic per agent ({self.num_agents}), got {len(critics)}.")
+            return None, critics
+        source = self.critic_model or args.critic_model_name or self.model_name
+        if source is None or (isinstance(source, torch.nn.Module) and args.rl_algorithm == "iac"):
+            raise ValueError(
+                "MARLHF with an actor-critic back-end needs the critics' model: set `critic_model_name` (a model id "
+                "or path), or pass `critic_model=` (an id or path) or `critics=[...]` (models)."
+            )
+        return source, None
 
     # ------------------------------------------------------------------ the reward model
 
@@ -473,6 +624,14 @@ class MARLHFTrainer(MAGRPOTrainer):
         checkpoint arguments. Resuming from a checkpoint that holds `reward_model/` skips steps 1 and 2."""
         if self.train_dataset is None:
             return super().train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
+        if self.args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
+            given = (resume_from_checkpoint, self.pending_checkpoint, checkpoint_dir, checkpoint_total_limit, *kwargs)
+            if any(v is not None for v in given) or checkpoint_interval != 1:
+                raise NotImplementedError(
+                    f"Checkpoints are not supported with `rl_algorithm={self.args.rl_algorithm!r}` yet: call "
+                    "`train()` without checkpoint arguments, and `save_model(dir)` afterwards."
+                )
+            return self._train_actor_critic()
         checkpoint = resume_from_checkpoint or self.pending_checkpoint
         if checkpoint is True:
             checkpoint = get_last_checkpoint(checkpoint_dir or self.args.output_dir)
@@ -483,6 +642,46 @@ class MARLHFTrainer(MAGRPOTrainer):
         return super().train(
             resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, **kwargs
         )
+
+    def _train_actor_critic(self):
+        """Steps 1 and 2 (once), then a fresh online actor-critic trainer (`online_trainer`) on the same agents."""
+        if self._online_reward is None:
+            self._train_reward_stage()
+        self._online_reward = bind_joint_scorer(self.reward_model, self.num_agents)
+        trainer = self.online_trainer = self._actor_critic_trainer()
+        for key in [k for k in self._metrics["train"] if k.startswith("reward_model/")]:
+            trainer._metrics["train"][key] = self._metrics["train"].pop(key)  # in its first training log
+        output = trainer.train()
+        self.state.global_step = trainer.state.global_step  # CoMLRL copies its `env_step` back
+        self.state.log_history.extend(trainer.state.log_history)
+        return output
+
+    def _actor_critic_trainer(self) -> IACTrainer | MAACTrainer:
+        """CoMLRL's child trainer of an online phase: `IACTrainer`/`MAACTrainer` on this trainer's agents (the same
+        modules, trained in place), with `args.actor_critic_config()`, new critics (`_critic_sources`), the reward
+        model's raw scores as the training reward and the task reward (with its processor) in evaluation."""
+        critic_model, critics = self._critic_sources()
+        tokenizers = [view["processing_class"] for view in self._agent_views]
+        model_config = {k: v for k, v in self.model_config.items() if k in ONLINE_MODEL_CONFIG_KEYS}
+        trainer_cls = _OnlineMAAC if self.args.rl_algorithm == "maac" else _OnlineIAC
+        trainer = trainer_cls(
+            agents=list(self.model.models()),
+            critic_model=critic_model,
+            critics=critics,
+            tokenizer=tokenizers if len({id(t) for t in tokenizers}) > 1 else tokenizers[0],
+            reward_func=self.task_reward,
+            reward_processor=self.task_reward_processor,
+            formatters=self.comlrl_formatters,
+            args=self.args.actor_critic_config(),
+            train_dataset=self.train_dataset,
+            eval_dataset=self.eval_dataset,
+            model_config=model_config,
+            metrics_callback=self.metrics_callback,
+            callbacks=self.online_callbacks,
+        )
+        trainer.online_reward = self._online_reward
+        trainer.verbose = self.verbose
+        return trainer
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
         # Training batches are scored by the reward model, raw (no processor); evaluation keeps the task reward.
@@ -505,6 +704,33 @@ class MARLHFTrainer(MAGRPOTrainer):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if self._online_reward is not None and self.accelerator.is_main_process:
             self.reward_model.save_pretrained(self._reward_model_folder(output_dir))
+
+
+class _RewardModelScored:
+    """The online actor-critic trainer's scoring: training batches by `online_reward` (the reward model's raw scores,
+    no processor), evaluation by the task reward the trainer was built with (and its processor)."""
+
+    online_reward: Callable | None = None
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
+        if not self.model.training or self.online_reward is None:
+            return super()._generate_and_score_completions(inputs)
+        with self._swap(
+            reward_funcs=[self.online_reward],
+            reward_func_names=[self.online_reward.__name__],
+            reward_weights=torch.ones(1, device=self.reward_weights.device),
+            reward_processing_classes=[None],
+            reward_processor=None,
+        ):
+            return super()._generate_and_score_completions(inputs)
+
+
+class _OnlineIAC(_RewardModelScored, IACTrainer):
+    """MARLHF's online phase with `rl_algorithm="iac"`."""
+
+
+class _OnlineMAAC(_RewardModelScored, MAACTrainer):
+    """MARLHF's online phase with `rl_algorithm="maac"`."""
 
 
 __all__ = ["MARLHFConfig", "MARLHFTrainer"]
