@@ -21,7 +21,13 @@ A CoMLRL MARLHF script runs with only its import line changed:
 3. Online: MAGRPO's port (`reinforce.MAGRPOTrainer`) with `num_generations` samples per prompt, the reward model's raw
    scores as the training reward (no `reward_processor`), `advantage_mode` from `rl_algorithm` (`magrpo` -> mean,
    `mareinforce` -> raw, `maremax` -> max, `marloo` -> rloo). Evaluation scores with the task reward and its
-   processor.
+   processor. With `rl_algorithm="iac"`/`"maac"`, as CoMLRL, each `train()` builds a child trainer for the online
+   phase (`trainer.online_trainer`): the actor-critic port (`actor_critic.IACTrainer`/`MAACTrainer`, on
+   `ActorCriticTrainer`) on the same agent modules (trained in place), configured by `args.actor_critic_config()`
+   (CoMLRL's `_build_actor_critic_common_config` fields, IAC's critic fields, the run's TRL settings), with new
+   critics from `critics=`, `critic_model=`, `critic_model_name` or the agents' model (a value head on each agent
+   with IAC's `use_separate_critic=False`). It trains on the reward model's raw scores and evaluates with the task
+   reward and its processor; its steps and logs are copied back (`state.global_step`, `state.log_history`).
 
 Deliberate differences from CoMLRL 1.4.3, and why:
 
@@ -44,9 +50,21 @@ Deliberate differences from CoMLRL 1.4.3, and why:
    scores as CoMLRL's for right-padded text.
 7. Online training is MAGRPO's port, with its own documented differences from CoMLRL's MAGRPO (TRL's loss, which
    scores the last token; `eval_interval` and `logging_steps` in optimizer steps).
-8. `rl_algorithm="iac"`/`"maac"` (and the critic arguments `critic_model`, `critics`, `metrics_callback`) raise
-   `NotImplementedError`: the actor-critic back-end is not ported to MARLHF yet. The critic fields are accepted at
-   CoMLRL's defaults (and checked as CoMLRL checks them); other values raise, since nothing would read them.
+8. The actor-critic back-ends are the actor-critic port's, with its own documented differences from CoMLRL's IAC and
+   MAAC (one critic step per buffer for MAAC, the end token scored, ...). On top of those: CoMLRL's child buffer of
+   `rollout_buffer_size` samples, filled a whole item (`num_generations` samples) at a time, is rounded up to whole
+   items (`rollout_buffer_size=2`, `num_generations=4` -> 4: the samples CoMLRL trains on); `num_generations=1` is
+   allowed (the host MAGRPO config, which only samples the preference candidates and evaluates, keeps 2);
+   `critic_value_head_hidden_dim` sizes MAAC's joint critic's head too (CoMLRL's MARLHF drops it there); MAAC's
+   unused IAC fields (`use_separate_critic=False`, `value_clip_range`, `value_head_hidden_dim`) and an
+   `advantage_mode` other than the default raise (CoMLRL ignores them); `critic_model`/`critics`/
+   `critic_model_name` with `use_separate_critic=False` raise (CoMLRL drops them); the critic fields and the
+   constructor's `critic_model`, `critics`, `metrics_callback` with a MAGRPO-family `rl_algorithm` raise (nothing
+   reads them). The critics are checked at construction (CoMLRL finds a missing one after pairs and reward model).
+   Not supported with the actor-critic back-ends (raise, naming themselves): `train()`'s checkpoint and resume
+   arguments, `peft_config`, `eval_logger`/`eval_aggregator`. As in CoMLRL the critics are new each online phase and
+   `save_model` does not write them (`trainer.online_trainer.save_model(dir)` does); `evaluate()` is the host's
+   (MAGRPO's, on the task reward).
 9. MADPO's `dpo_beta`, `use_environment_step` and `environment_steps_per_pair`, which CoMLRL's MARLHF accepts and
    never reads, are accepted at their defaults only. An `advantage_mode` that contradicts `rl_algorithm` raises
    (CoMLRL overwrites it silently). `collaboration_mode="centralized"` raises `NotImplementedError`, as in MADPO's
@@ -158,9 +176,10 @@ class MARLHFConfig(MAGRPOConfig):
     Parameters:
         rl_algorithm (`str`, *optional*, defaults to `"magrpo"`):
             Online algorithm: `"magrpo"`, `"mareinforce"` (alias `"mareforce"`), `"maremax"` or `"marloo"` set
-            `advantage_mode` (`mean`, `raw`, `max`, `rloo`); `"iac"` and `"maac"` are not ported yet (raise).
+            `advantage_mode` (`mean`, `raw`, `max`, `rloo`); `"iac"` (a critic per agent) and `"maac"` (one joint
+            critic) train with the actor-critic port (`actor_critic_config()`).
         num_generations (`int`, *optional*, defaults to `4`):
-            Online samples per prompt (at least 2 for the MAGRPO family).
+            Online samples per prompt (at least 2 for the MAGRPO family, 1 for the actor-critic back-ends).
         preference_num_candidates (`int`, *optional*, defaults to `80`):
             Joint candidates per training item for the preference pairs (at least 2).
         preference_pairs_per_sample (`int` or `None`, *optional*, defaults to `16`):
@@ -179,10 +198,20 @@ class MARLHFConfig(MAGRPOConfig):
         reward_max_length (`int` or `None`, *optional*, defaults to `None`): Joint texts cut at this many tokens.
         reward_freeze_backbone (`bool`, *optional*, defaults to `False`): Train the reward head only.
         collaboration_mode (`str`, *optional*, defaults to `"decentralized"`): `"centralized"` raises (not ported).
-        critic_model_name, critic_learning_rate, critic_devices, use_separate_critic, critic_type, value_loss_coef,
-        value_clip_range, critic_value_head_hidden_dim, value_head_hidden_dim:
-            CoMLRL's actor-critic back-end fields, checked as CoMLRL checks them; only their defaults are accepted
-            (the back-end is not ported).
+        critic_model_name (`str` or `None`, *optional*, defaults to `None`):
+            The critics' model (id or path) when the trainer gets no `critic_model`/`critics`; `None`: the agents'.
+        critic_learning_rate (`float` or `None`, *optional*, defaults to `None`): `None`: `agent_learning_rate`.
+        critic_devices (`list[str]` or `None`, *optional*, defaults to `None`): with `parallel_training="mp"`.
+        use_separate_critic (`bool`, *optional*, defaults to `True`):
+            IAC: a critic model per agent (`True`) or a value head on each agent (`False`); MAAC: `True` only.
+        critic_type (`str`, *optional*, defaults to `"v"`): `"v"` (prompts) or `"q"` (prompts and completions).
+        value_loss_coef (`float`, *optional*, defaults to `0.6`): the value loss's weight (> 0).
+        value_clip_range (`float` or `None`, *optional*, defaults to `0.2`): IAC's heads on the agents only.
+        critic_value_head_hidden_dim, value_head_hidden_dim (`int` or `None`, *optional*, defaults to `None`):
+            Hidden width of the critics' heads (IAC's separate critics, MAAC's joint critic), and of IAC's heads on
+            the agents.
+            The critic fields serve `rl_algorithm="iac"`/`"maac"`; with the MAGRPO family only their defaults are
+            accepted (nothing reads them).
         dpo_beta (`0.1`), use_environment_step (`True`), environment_steps_per_pair (`2`):
             MADPO's fields, unused by MARLHF (in CoMLRL too): only their defaults are accepted.
 
@@ -211,7 +240,7 @@ class MARLHFConfig(MAGRPOConfig):
         default=2, metadata={"help": "MADPO's field; unused by MARLHF (default only)."}
     )
     rl_algorithm: str = field(
-        default="magrpo", metadata={"help": "Online: magrpo, mareinforce, maremax, marloo (iac, maac raise)."}
+        default="magrpo", metadata={"help": "Online: magrpo, mareinforce, maremax, marloo, iac or maac."}
     )
     reward_model_name: str | None = field(
         default=None, metadata={"help": "The reward model's causal LM; None: the agents' model."}
@@ -224,17 +253,31 @@ class MARLHFConfig(MAGRPOConfig):
     reward_train_batch_size: int = field(default=1, metadata={"help": "Pairs per reward-model step."})
     reward_max_length: int | None = field(default=None, metadata={"help": "Joint texts cut at this many tokens."})
     reward_freeze_backbone: bool = field(default=False, metadata={"help": "Train the reward head only."})
-    critic_model_name: str | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
-    critic_learning_rate: float | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
-    critic_devices: list[str] | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
-    use_separate_critic: bool = field(default=True, metadata={"help": "Actor-critic back-end (not ported)."})
-    critic_type: str = field(default="v", metadata={"help": "Actor-critic back-end (not ported): 'v' or 'q'."})
-    value_loss_coef: float = field(default=0.6, metadata={"help": "Actor-critic back-end (not ported)."})
-    value_clip_range: float | None = field(default=0.2, metadata={"help": "Actor-critic back-end (not ported)."})
-    critic_value_head_hidden_dim: int | None = field(
-        default=None, metadata={"help": "Actor-critic back-end (not ported)."}
+    critic_model_name: str | None = field(
+        default=None, metadata={"help": "The critics' model id or path; None: the agents' model (iac, maac)."}
     )
-    value_head_hidden_dim: int | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
+    critic_learning_rate: float | None = field(
+        default=None, metadata={"help": "Critic learning rate; None: agent_learning_rate (iac, maac)."}
+    )
+    critic_devices: list[str] | None = field(
+        default=None, metadata={"help": "The critics' devices with parallel_training='mp' (iac, maac)."}
+    )
+    use_separate_critic: bool = field(
+        default=True, metadata={"help": "IAC: a critic model per agent (True) or a value head on each agent (False)."}
+    )
+    critic_type: str = field(
+        default="v", metadata={"help": "'v' (prompts) or 'q' (prompts and completions) (iac, maac)."}
+    )
+    value_loss_coef: float = field(default=0.6, metadata={"help": "Weight of the value loss (iac, maac)."})
+    value_clip_range: float | None = field(
+        default=0.2, metadata={"help": "Clip range of the value loss of IAC's heads on the agents; None: no clipping."}
+    )
+    critic_value_head_hidden_dim: int | None = field(
+        default=None, metadata={"help": "Hidden width of the critics' value heads (iac, maac)."}
+    )
+    value_head_hidden_dim: int | None = field(
+        default=None, metadata={"help": "Hidden width of IAC's value heads on the agents (use_separate_critic=False)."}
+    )
 
     def __post_init__(self):
         self._check_marlhf_fields()
@@ -384,14 +427,18 @@ class MARLHFTrainer(MAGRPOTrainer):
             As in `MAGRPOTrainer`. `reward_func` (with `reward_processor`) is the task reward: it ranks the
             preference candidates and scores evaluation; training uses the reward model.
         args (`MARLHFConfig`, *optional*): `None` uses `MARLHFConfig()`.
-        centralized_comparator_adapter, metrics_callback, critic_model, critics (*optional*):
-            Serve CoMLRL's centralized mode and actor-critic back-ends, which are not ported: giving one raises.
+        centralized_comparator_adapter (*optional*): CoMLRL's centralized mode, not ported: giving it raises.
+        critic_model (`str` or model, *optional*), critics (list, *optional*):
+            The critics of `rl_algorithm="iac"`/`"maac"` (IAC: one per agent; MAAC: one), as `IACTrainer`'s;
+            without them `critic_model_name`, else the agents' model.
+        metrics_callback (callable, *optional*): passed to the online `IACTrainer`/`MAACTrainer`.
         reward_model (`JointRewardModel`, *optional*):
             Beyond CoMLRL: the reward model to train, instead of loading `args.reward_model_name`.
         **kwargs: `MultiAgentGRPOTrainer`'s TRL arguments (`peft_config`, `callbacks`, ...).
 
     After `train()`: `trainer.reward_model` (the trained `JointRewardModel`, in eval mode), `trainer.preference_pairs`
-    and `trainer.reward_model_history` (every reward-model step's loss, accuracy and margin).
+    and `trainer.reward_model_history` (every reward-model step's loss, accuracy and margin); with `"iac"`/`"maac"`,
+    `trainer.online_trainer` (the online phase's `IACTrainer`/`MAACTrainer`, holding the critics).
     """
 
     default_config_cls = MARLHFConfig
