@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 from datasets import Dataset
+from peft import LoraConfig
 from transformers import AutoModelForCausalLM
 
-from multiagent_trl import MARLHFConfig, MARLHFTrainer
+from multiagent_trl import IACTrainer, MAACTrainer, MARLHFConfig, MARLHFTrainer
 from multiagent_trl.actor_critic.value_model import CausalLMWithValueHead
 from multiagent_trl.testing import tiny_model_path
 
@@ -26,14 +27,14 @@ def length_reward(completions1, completions2):
     return [min(len(b) / max(len(a), 1), 2.0) for a, b in zip(completions1, completions2)]
 
 
-def main(model_path, output_dir, algorithm, extra):
+def main(model_path, output_dir, algorithm, extra, trainer_extra):
     dataset = Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:", "Pick a word:", "Say hi:"]})
     config = MARLHFConfig(
         output_dir=output_dir, num_agents=2, num_train_epochs=1, agent_learning_rate=1e-3,
         max_new_tokens=5, rl_algorithm=algorithm, num_generations=2,
         preference_num_candidates=4, preference_pairs_per_sample=2, reward_learning_rate=1e-4,
-        reward_train_batch_size=2, rollout_buffer_size=4, eval_interval=0, logging_steps=1,
-        reward_model_device=None, **extra,
+        reward_train_batch_size=2, rollout_buffer_size=4, logging_steps=1, reward_model_device=None,
+        **{"eval_interval": 0, **extra},
     )
     trainer = MARLHFTrainer(
         agent_model=model_path,
@@ -44,6 +45,7 @@ def main(model_path, output_dir, algorithm, extra):
         args=config,
         train_dataset=dataset,
         eval_dataset=dataset,
+        **trainer_extra,
     )
     trainer.verbose = False
     trainer.train()
@@ -57,9 +59,10 @@ OURS = {
 }
 
 
-def run(tmp_path, algorithm: str, **extra):
+def run(tmp_path, algorithm: str, trainer_extra: dict | None = None, **extra):
     torch.manual_seed(0)
-    return run_script(MARLHF_AC_SCRIPT, OURS, tiny_model_path(), str(tmp_path / "out"), algorithm, extra)
+    path, out = tiny_model_path(), str(tmp_path / "out")
+    return run_script(MARLHF_AC_SCRIPT, OURS, path, out, algorithm, extra, trainer_extra or {})
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +87,7 @@ def maac_run(tmp_path_factory):
 def test_maac_script_trains_the_agents_and_a_joint_critic(maac_run):
     trainer, initial_critic = maac_run
     online = trainer.online_trainer
-    assert type(online).__mro__[2].__name__ == "MAACTrainer" and online.args.joint_critic
+    assert isinstance(online, MAACTrainer) and online.args.joint_critic
     assert online.args.critic_type == "q" and len(online.model.critics) == 1
     # 4 items, 2 per buffer (4 samples per agent): two optimizer steps, copied back.
     assert online.state.global_step == trainer.state.global_step == 2
@@ -115,6 +118,17 @@ def test_online_rewards_are_the_reward_models_scores(maac_run):
     assert rewards == pytest.approx(scores, abs=1e-5)
 
 
+def test_each_online_phase_gets_a_fresh_critic(maac_run):
+    trainer, initial_critic = maac_run
+    trained = trainer.online_trainer.model.critics[0]
+    fresh = trainer._actor_critic_trainer().model.critics[0]
+    assert fresh is not trained
+    # The backbone is the pretrained model again (the head is drawn anew), not the trained critic.
+    pretrained = snapshot(AutoModelForCausalLM.from_pretrained(tiny_model_path()))
+    assert not changed(pretrained, fresh.model)
+    assert changed(snapshot(trained.model), fresh.model)
+
+
 def test_evaluation_uses_the_task_reward(maac_run):
     trainer, _ = maac_run
     metrics = trainer.online_trainer.evaluate()
@@ -123,11 +137,15 @@ def test_evaluation_uses_the_task_reward(maac_run):
     completions = list(zip(rows["extra"]["agent_0/completion"], rows["extra"]["agent_1/completion"]))
     expected = [3.0 * min(len(b) / max(len(a), 1), 2.0) for a, b in completions]  # the processor (x3) applied
     assert list(rows["rewards"]["length_reward"]) == pytest.approx(expected)
+    # The MARLHF trainer's own evaluation (MAGRPO's) scores the trained team with the task reward too.
+    host = trainer.evaluate()
+    assert "eval_rewards/length_reward/mean" in host and "eval_rewards/joint_reward_model/mean" not in host
 
 
 def test_iac_script_with_value_heads_on_the_agents(tmp_path):
-    trainer = run(tmp_path, "iac", use_separate_critic=False, value_head_hidden_dim=8)
+    trainer = run(tmp_path, "iac", use_separate_critic=False, value_head_hidden_dim=8, eval_interval=1)
     online = trainer.online_trainer
+    assert isinstance(online, IACTrainer) and not isinstance(online, MAACTrainer)
     args = online.args
     assert args.critic_kind == "head" and not args.joint_critic
     assert args.critic_value_head_hidden_dim == 8 and args.comlrl_value_clip_range == 0.2
@@ -141,12 +159,31 @@ def test_iac_script_with_value_heads_on_the_agents(tmp_path):
         assert critic.value_head.pre_projection[0].out_features == 8
     logged = [h for h in online.state.log_history if "reward" in h]
     assert logged and all("rewards/joint_reward_model/mean" in h for h in logged)
+    # Evaluation during training (before it and after each step): the task reward (its processor applied inside the
+    # item reward, as CoMLRL's actor-critic applies it; `test_evaluation_uses_the_task_reward` checks the values).
+    evals = [h for h in online.state.log_history if "eval_reward" in h]
+    assert len(evals) == 3
+    for h in evals:
+        assert "eval_rewards/joint_reward_model/mean" not in h
+        assert h["eval_reward"] == pytest.approx(h["eval_rewards/length_reward/mean"])
 
 
 def test_iac_separate_critics_from_critic_model_name(tmp_path):
-    other = tiny_model_path(seed=1)
-    trainer = run(tmp_path, "iac", critic_model_name=other, critic_learning_rate=5e-4, value_loss_coef=0.3)
+    other, samples = tiny_model_path(seed=1), []
+
+    def metrics_callback(rollouts):
+        samples.append(rollouts)
+        return {"custom/completions": len(rollouts)}
+
+    extra = dict(metrics_callback=metrics_callback, model_config={"critic_model_kwargs": {"dtype": "bfloat16"}})
+    trainer = run(tmp_path, "iac", extra, critic_model_name=other, critic_learning_rate=5e-4, value_loss_coef=0.3)
     online = trainer.online_trainer
+    # metrics_callback reaches the online trainer: once per item, each agent's 2 samples.
+    assert len(samples) == 4 and all(len(r) == 4 for r in samples)
+    assert any(h.get("custom/completions") == 4 for h in online.state.log_history)
+    # model_config["critic_model_kwargs"] loads the critics (bf16), the agents keep their dtype.
+    assert all(c.model.dtype == torch.bfloat16 for c in online.model.critics)
+    assert all(a.dtype == torch.float32 for a in trainer.model.models())
     assert online.args.critic_kind == "model" and len(online.model.critics) == 2
     assert online.args.critic_learning_rate == 5e-4 and online.args.value_loss_coef == 0.3
     source = snapshot(AutoModelForCausalLM.from_pretrained(other))
@@ -179,6 +216,7 @@ def build(algorithm="maac", config=None, **kwargs):
         (dict(rl_algorithm="iac", rollout_buffer_size=4, train_batch_size=3), ValueError, "multiple"),
         (dict(rl_algorithm="iac", reference_kl_enabled=True), NotImplementedError, "reference_kl_enabled"),
         (dict(rl_algorithm="magrpo", critic_type="q"), ValueError, "critic_type"),
+        (dict(rl_algorithm="iac", use_separate_critic=False, critic_model_name="x"), ValueError, "drop `critic_model"),
     ],
 )
 def test_bad_actor_critic_settings_raise_at_construction(config, error, message):
@@ -214,6 +252,18 @@ def test_actor_critic_num_generations_may_be_one():
 def test_bad_critic_arguments_raise_at_construction(algorithm, config, kwargs, message):
     with pytest.raises(ValueError, match=message):
         build(algorithm, config, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(peft_config=LoraConfig(r=2, target_modules="all-linear")), "peft_config"),
+        (dict(eval_logger=lambda **kw: [], eval_aggregator=lambda metrics, **kw: {}), "eval_logger"),
+    ],
+)
+def test_unsupported_arguments_raise_with_an_actor_critic_back_end(kwargs, message):
+    with pytest.raises(NotImplementedError, match=message):
+        build("iac", **kwargs)
 
 
 def test_checkpoint_arguments_raise_with_an_actor_critic_back_end(tmp_path):

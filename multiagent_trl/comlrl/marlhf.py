@@ -380,6 +380,11 @@ class MARLHFConfig(MAGRPOConfig):
             for name, default in defaults.items():
                 if getattr(self, name) != default:
                     raise ValueError(f"`{name}={getattr(self, name)!r}` {why}: leave it at its default ({default!r}).")
+        if algorithm == "iac" and not self.use_separate_critic and self.critic_model_name is not None:
+            raise ValueError(
+                "`critic_model_name` names separate critics, but `use_separate_critic=False` puts a value head on "
+                "each agent: drop `critic_model_name` or set `use_separate_critic=True`."
+            )
         if actor_critic:
             # The online phase's config, from the fields as given (the MAGRPO host below rewrites some of them);
             # building it now raises its checks at construction.
@@ -521,10 +526,10 @@ class MARLHFTrainer(MAGRPOTrainer):
         self._online_reward: Callable | None = None  # the reward model as the training reward, once trained
         # The actor-critic back-ends: what the online trainer is built from, each online phase.
         self.metrics_callback = metrics_callback
-        self.critic_model, self.critics = critic_model, critics
+        self.critic_model_source, self.critic_sources = critic_model, critics  # CoMLRL's attribute names
         self.task_reward, self.task_reward_processor = reward_func, reward_processor
         self.comlrl_formatters = formatters
-        self.model_config = {**(model_config or {}), **critic_config}
+        self.online_model_config = {**(model_config or {}), **critic_config}
         self.online_callbacks = callbacks
         self.online_trainer: IACTrainer | MAACTrainer | None = None  # the last online phase's trainer
         if args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
@@ -548,10 +553,10 @@ class MARLHFTrainer(MAGRPOTrainer):
                     f"trainer does not take it): drop `{name}` or use `rl_algorithm` in {list(RL_ALGORITHMS)}."
                 )
         if args.rl_algorithm == "iac" and not args.use_separate_critic:
-            if critic_model is not None or critics is not None or args.critic_model_name is not None:
+            if critic_model is not None or critics is not None:
                 raise ValueError(
                     "critics can only be provided when use_separate_critic=True: with `use_separate_critic=False` "
-                    "each agent carries its own value head; drop `critic_model`/`critics`/`critic_model_name`."
+                    "each agent carries its own value head; drop `critic_model`/`critics`."
                 )
         count = 1 if args.rl_algorithm == "maac" else None  # IAC: one per agent, checked once the team is known
         if critics is not None and count is not None and len(list(critics)) != count:
@@ -563,12 +568,12 @@ class MARLHFTrainer(MAGRPOTrainer):
         args = self.args
         if args.rl_algorithm == "iac" and not args.use_separate_critic:
             return None, None
-        if self.critics is not None:
-            critics = list(self.critics)
+        if self.critic_sources is not None:
+            critics = list(self.critic_sources)
             if args.rl_algorithm == "iac" and len(critics) != self.num_agents:
                 raise ValueError(f"`critics` must hold one critic per agent ({self.num_agents}), got {len(critics)}.")
             return None, critics
-        source = self.critic_model or args.critic_model_name or self.model_name
+        source = self.critic_model_source or args.critic_model_name or self.model_name
         if source is None or (isinstance(source, torch.nn.Module) and args.rl_algorithm == "iac"):
             raise ValueError(
                 "MARLHF with an actor-critic back-end needs the critics' model: set `critic_model_name` (a model id "
@@ -709,7 +714,7 @@ class MARLHFTrainer(MAGRPOTrainer):
         model's raw scores as the training reward and the task reward (with its processor) in evaluation."""
         critic_model, critics = self._critic_sources()
         tokenizers = [view["processing_class"] for view in self._agent_views]
-        model_config = {k: v for k, v in self.model_config.items() if k in ONLINE_MODEL_CONFIG_KEYS}
+        model_config = {k: v for k, v in self.online_model_config.items() if k in ONLINE_MODEL_CONFIG_KEYS}
         trainer_cls = _OnlineMAAC if self.args.rl_algorithm == "maac" else _OnlineIAC
         trainer = trainer_cls(
             agents=list(self.model.models()),
