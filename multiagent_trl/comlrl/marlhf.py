@@ -170,8 +170,9 @@ SHARED_TRL_FIELDS = (
 class MARLHFConfig(MAGRPOConfig):
     r"""
     `MAGRPOConfig` accepting every field of CoMLRL 1.4.3's `MARLHFConfig` (MADPO's fields and its own), with its
-    defaults and checks. The MAGRPO fields configure the online phase as in `MAGRPOConfig`; the defaults that differ
-    from `MAGRPOConfig`'s are CoMLRL's MARLHF ones (`num_turns=1`, `early_termination_threshold=None`).
+    defaults and checks. The MAGRPO fields configure the online phase as in `MAGRPOConfig` (with `rl_algorithm="iac"`/
+    `"maac"`, through `actor_critic_config()`, which also reads the critic fields); the defaults that differ from
+    `MAGRPOConfig`'s are CoMLRL's MARLHF ones (`num_turns=1`, `early_termination_threshold=None`).
 
     Parameters:
         rl_algorithm (`str`, *optional*, defaults to `"magrpo"`):
