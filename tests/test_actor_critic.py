@@ -447,6 +447,26 @@ def test_one_agent_iac_saves_flat_like_comlrl(tmp_path, tiny_path, prompts_datas
 # ---- 3. the reward: CoMLRL's calls, once per dataset item
 
 
+def test_evaluation_calls_the_reward_once_per_item_with_num_generations_above_one(tiny_path):
+    # Evaluation samples one completion per item: each call gets that item's one completion per agent.
+    calls = []
+
+    def reward(completions1, completions2, **kwargs):
+        calls.append((len(completions1), len(completions2), kwargs["batch_items"][0]["prompt"]))
+        return [1.0] * len(completions1)
+
+    dataset = Dataset.from_dict({"prompt": ["a", "b", "c"]})
+    args = IACConfig(
+        num_turns=1, num_generations=2, max_new_tokens=2, rollout_buffer_size=4, eval_num_samples=3, report_to="none"
+    )
+    trainer = IACTrainer(
+        agent_model=tiny_path, critic_model=tiny_path, reward_func=reward, args=args, eval_dataset=dataset
+    )
+    metrics = trainer.evaluate()
+    assert metrics["eval_reward"] == pytest.approx(1.0)
+    assert sorted(calls) == [(1, 1, "a"), (1, 1, "b"), (1, 1, "c")]
+
+
 def test_reward_is_called_once_per_item_with_lists_of_g():
     calls = []
 

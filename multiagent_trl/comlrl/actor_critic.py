@@ -41,6 +41,7 @@ from transformers.trainer_utils import SaveStrategy
 from ..actor_critic.config import ActorCriticConfig
 from ..actor_critic.trainer import ActorCriticTrainer
 from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead
+from ..rewards.joint import bind_reward
 from ..rollout.turns import Transition
 from .reinforce import (
     MAGRPOTrainer,
@@ -604,6 +605,7 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
         given_formatters = formatters
         formatters = _comlrl_formatters(formatters, args.num_agents)
         reward = item_reward(reward_func, reward_processor, args.num_agents, args.num_generations)
+        self._item_reward_parts = (reward_func, reward_processor)  # evaluation's items hold one completion each
         if self.joint_tokenizer_from_agent and kwargs.get("critic_processing_class") is None:
             kwargs["critic_processing_class"] = _first_tokenizer(tokenizer, model)
         train_dataset, stand_in = training_data(train_dataset)
@@ -659,7 +661,13 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
         self._batch_rows = inputs  # the dataset rows, for `metrics_callback`'s `batch_item`
         try:
-            return super()._generate_and_score_completions(inputs)
+            if self.model.training or self.num_generations_eval == self.num_generations:
+                return super()._generate_and_score_completions(inputs)
+            # Evaluation samples `num_generations_eval` (1) completions per item: the reward groups them so.
+            func, processor = self._item_reward_parts
+            reward = item_reward(func, processor, self.num_agents, self.num_generations_eval)
+            with self._swap(reward_funcs=[bind_reward(reward, self.num_agents)]):
+                return super()._generate_and_score_completions(inputs)
         finally:
             self._batch_rows = None
 

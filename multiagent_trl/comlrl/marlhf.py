@@ -21,7 +21,13 @@ A CoMLRL MARLHF script runs with only its import line changed:
 3. Online: MAGRPO's port (`reinforce.MAGRPOTrainer`) with `num_generations` samples per prompt, the reward model's raw
    scores as the training reward (no `reward_processor`), `advantage_mode` from `rl_algorithm` (`magrpo` -> mean,
    `mareinforce` -> raw, `maremax` -> max, `marloo` -> rloo). Evaluation scores with the task reward and its
-   processor.
+   processor. With `rl_algorithm="iac"`/`"maac"`, as CoMLRL, each `train()` builds a child trainer for the online
+   phase (`trainer.online_trainer`): the actor-critic port (`actor_critic.IACTrainer`/`MAACTrainer`, on
+   `ActorCriticTrainer`) on the same agent modules (trained in place), configured by `args.actor_critic_config()`
+   (CoMLRL's `_build_actor_critic_common_config` fields, IAC's critic fields, the run's TRL settings), with new
+   critics from `critics=`, `critic_model=`, `critic_model_name` or the agents' model (a value head on each agent
+   with IAC's `use_separate_critic=False`). It trains on the reward model's raw scores and evaluates with the task
+   reward and its processor; its steps and logs are copied back (`state.global_step`, `state.log_history`).
 
 Deliberate differences from CoMLRL 1.4.3, and why:
 
@@ -44,9 +50,21 @@ Deliberate differences from CoMLRL 1.4.3, and why:
    scores as CoMLRL's for right-padded text.
 7. Online training is MAGRPO's port, with its own documented differences from CoMLRL's MAGRPO (TRL's loss, which
    scores the last token; `eval_interval` and `logging_steps` in optimizer steps).
-8. `rl_algorithm="iac"`/`"maac"` (and the critic arguments `critic_model`, `critics`, `metrics_callback`) raise
-   `NotImplementedError`: the actor-critic back-end is not ported to MARLHF yet. The critic fields are accepted at
-   CoMLRL's defaults (and checked as CoMLRL checks them); other values raise, since nothing would read them.
+8. The actor-critic back-ends are the actor-critic port's, with its own documented differences from CoMLRL's IAC and
+   MAAC (one critic step per buffer for MAAC, the end token scored, ...). On top of those: CoMLRL's child buffer of
+   `rollout_buffer_size` samples, filled a whole item (`num_generations` samples) at a time, is rounded up to whole
+   items (`rollout_buffer_size=2`, `num_generations=4` -> 4: the samples CoMLRL trains on); `num_generations=1` is
+   allowed (the host MAGRPO config, which only samples the preference candidates and evaluates, keeps 2);
+   `critic_value_head_hidden_dim` sizes MAAC's joint critic's head too (CoMLRL's MARLHF drops it there); MAAC's
+   unused IAC fields (`use_separate_critic=False`, `value_clip_range`, `value_head_hidden_dim`) and an
+   `advantage_mode` other than the default raise (CoMLRL ignores them); `critic_model`/`critics`/
+   `critic_model_name` with `use_separate_critic=False` raise (CoMLRL drops them); the critic fields and the
+   constructor's `critic_model`, `critics`, `metrics_callback` with a MAGRPO-family `rl_algorithm` raise (nothing
+   reads them). The critics are checked at construction (CoMLRL finds a missing one after pairs and reward model).
+   Not supported with the actor-critic back-ends (raise, naming themselves): `train()`'s checkpoint and resume
+   arguments, `peft_config`, `eval_logger`/`eval_aggregator`. As in CoMLRL the critics are new each online phase and
+   `save_model` does not write them (`trainer.online_trainer.save_model(dir)` does); `evaluate()` is the host's
+   (MAGRPO's, on the task reward).
 9. MADPO's `dpo_beta`, `use_environment_step` and `environment_steps_per_pair`, which CoMLRL's MARLHF accepts and
    never reads, are accepted at their defaults only. An `advantage_mode` that contradicts `rl_algorithm` raises
    (CoMLRL overwrites it silently). `collaboration_mode="centralized"` raises `NotImplementedError`, as in MADPO's
@@ -59,6 +77,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import torch
@@ -69,6 +88,7 @@ from ..preference.pairs import PAIR_SELECTIONS
 from ..preference.reward_model import JointRewardModel
 from ..preference.reward_training import collect_preference_pairs, summarize, train_reward_model
 from ..rewards.joint import bind_joint_scorer
+from .actor_critic import CRITIC_MODEL_CONFIG_KEYS, IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .reinforce import MAGRPOConfig, MAGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -91,21 +111,76 @@ CRITIC_DEFAULTS = {
     "value_head_hidden_dim": None,
 }
 UNUSED_MADPO_DEFAULTS = {"dpo_beta": 0.1, "use_environment_step": True, "environment_steps_per_pair": 2}
+# IAC's critic fields that MAAC (one joint critic model) has no use for: only their defaults are accepted.
+MAAC_UNUSED_DEFAULTS = {"use_separate_critic": True, "value_clip_range": 0.2, "value_head_hidden_dim": None}
+# The MARLHF fields the online actor-critic config is built from (CoMLRL's `_build_actor_critic_common_config` and
+# `_build_iac_config`; `train_batch_size`/`eval_batch_size` are read from their stored CoMLRL values).
+ACTOR_CRITIC_FIELDS = (
+    "agent_learning_rate",
+    "critic_learning_rate",
+    "rollout_buffer_size",
+    "value_loss_coef",
+    "advantage_normalization",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "num_train_epochs",
+    "num_agents",
+    "num_generations",
+    "num_turns",
+    "parallel_training",
+    "agent_devices",
+    "critic_devices",
+    "external_prompt_passthrough",
+    "discount",
+    "critic_type",
+    "early_termination_threshold",
+    "eval_interval",
+    "eval_num_samples",
+    "logging_steps",
+    "reference_kl_enabled",
+    "reference_kl_coef",
+    "reference_devices",
+    "use_separate_critic",
+    "value_clip_range",
+    "critic_value_head_hidden_dim",
+    "value_head_hidden_dim",
+)
+# `model_config` keys the online actor-critic trainer reads (the agents are already loaded: their keys are not passed).
+ONLINE_MODEL_CONFIG_KEYS = ("torch_dtype", "dtype", "attn_implementation", *CRITIC_MODEL_CONFIG_KEYS)
+# TRL/Trainer settings of the run that the online actor-critic trainer shares.
+SHARED_TRL_FIELDS = (
+    "output_dir",
+    "seed",
+    "data_seed",
+    "report_to",
+    "run_name",
+    "logging_dir",
+    "use_cpu",
+    "bf16",
+    "fp16",
+    "disable_tqdm",
+    "log_completions",
+    "shuffle_dataset",
+)
 
 
 @dataclass
 class MARLHFConfig(MAGRPOConfig):
     r"""
     `MAGRPOConfig` accepting every field of CoMLRL 1.4.3's `MARLHFConfig` (MADPO's fields and its own), with its
-    defaults and checks. The MAGRPO fields configure the online phase as in `MAGRPOConfig`; the defaults that differ
-    from `MAGRPOConfig`'s are CoMLRL's MARLHF ones (`num_turns=1`, `early_termination_threshold=None`).
+    defaults and checks. The MAGRPO fields configure the online phase as in `MAGRPOConfig` (with `rl_algorithm="iac"`/
+    `"maac"`, through `actor_critic_config()`, which also reads the critic fields); the defaults that differ from
+    `MAGRPOConfig`'s are CoMLRL's MARLHF ones (`num_turns=1`, `early_termination_threshold=None`).
 
     Parameters:
         rl_algorithm (`str`, *optional*, defaults to `"magrpo"`):
             Online algorithm: `"magrpo"`, `"mareinforce"` (alias `"mareforce"`), `"maremax"` or `"marloo"` set
-            `advantage_mode` (`mean`, `raw`, `max`, `rloo`); `"iac"` and `"maac"` are not ported yet (raise).
+            `advantage_mode` (`mean`, `raw`, `max`, `rloo`); `"iac"` (a critic per agent) and `"maac"` (one joint
+            critic) train with the actor-critic port (`actor_critic_config()`).
         num_generations (`int`, *optional*, defaults to `4`):
-            Online samples per prompt (at least 2 for the MAGRPO family).
+            Online samples per prompt (at least 2 for the MAGRPO family, 1 for the actor-critic back-ends).
         preference_num_candidates (`int`, *optional*, defaults to `80`):
             Joint candidates per training item for the preference pairs (at least 2).
         preference_pairs_per_sample (`int` or `None`, *optional*, defaults to `16`):
@@ -124,10 +199,20 @@ class MARLHFConfig(MAGRPOConfig):
         reward_max_length (`int` or `None`, *optional*, defaults to `None`): Joint texts cut at this many tokens.
         reward_freeze_backbone (`bool`, *optional*, defaults to `False`): Train the reward head only.
         collaboration_mode (`str`, *optional*, defaults to `"decentralized"`): `"centralized"` raises (not ported).
-        critic_model_name, critic_learning_rate, critic_devices, use_separate_critic, critic_type, value_loss_coef,
-        value_clip_range, critic_value_head_hidden_dim, value_head_hidden_dim:
-            CoMLRL's actor-critic back-end fields, checked as CoMLRL checks them; only their defaults are accepted
-            (the back-end is not ported).
+        critic_model_name (`str` or `None`, *optional*, defaults to `None`):
+            The critics' model (id or path) when the trainer gets no `critic_model`/`critics`; `None`: the agents'.
+        critic_learning_rate (`float` or `None`, *optional*, defaults to `None`): `None`: `agent_learning_rate`.
+        critic_devices (`list[str]` or `None`, *optional*, defaults to `None`): with `parallel_training="mp"`.
+        use_separate_critic (`bool`, *optional*, defaults to `True`):
+            IAC: a critic model per agent (`True`) or a value head on each agent (`False`); MAAC: `True` only.
+        critic_type (`str`, *optional*, defaults to `"v"`): `"v"` (prompts) or `"q"` (prompts and completions).
+        value_loss_coef (`float`, *optional*, defaults to `0.6`): the value loss's weight (> 0).
+        value_clip_range (`float` or `None`, *optional*, defaults to `0.2`): IAC's heads on the agents only.
+        critic_value_head_hidden_dim, value_head_hidden_dim (`int` or `None`, *optional*, defaults to `None`):
+            Hidden width of the critics' heads (IAC's separate critics, MAAC's joint critic), and of IAC's heads on
+            the agents.
+            The critic fields serve `rl_algorithm="iac"`/`"maac"`; with the MAGRPO family only their defaults are
+            accepted (nothing reads them).
         dpo_beta (`0.1`), use_environment_step (`True`), environment_steps_per_pair (`2`):
             MADPO's fields, unused by MARLHF (in CoMLRL too): only their defaults are accepted.
 
@@ -156,7 +241,7 @@ class MARLHFConfig(MAGRPOConfig):
         default=2, metadata={"help": "MADPO's field; unused by MARLHF (default only)."}
     )
     rl_algorithm: str = field(
-        default="magrpo", metadata={"help": "Online: magrpo, mareinforce, maremax, marloo (iac, maac raise)."}
+        default="magrpo", metadata={"help": "Online: magrpo, mareinforce, maremax, marloo, iac or maac."}
     )
     reward_model_name: str | None = field(
         default=None, metadata={"help": "The reward model's causal LM; None: the agents' model."}
@@ -169,17 +254,31 @@ class MARLHFConfig(MAGRPOConfig):
     reward_train_batch_size: int = field(default=1, metadata={"help": "Pairs per reward-model step."})
     reward_max_length: int | None = field(default=None, metadata={"help": "Joint texts cut at this many tokens."})
     reward_freeze_backbone: bool = field(default=False, metadata={"help": "Train the reward head only."})
-    critic_model_name: str | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
-    critic_learning_rate: float | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
-    critic_devices: list[str] | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
-    use_separate_critic: bool = field(default=True, metadata={"help": "Actor-critic back-end (not ported)."})
-    critic_type: str = field(default="v", metadata={"help": "Actor-critic back-end (not ported): 'v' or 'q'."})
-    value_loss_coef: float = field(default=0.6, metadata={"help": "Actor-critic back-end (not ported)."})
-    value_clip_range: float | None = field(default=0.2, metadata={"help": "Actor-critic back-end (not ported)."})
-    critic_value_head_hidden_dim: int | None = field(
-        default=None, metadata={"help": "Actor-critic back-end (not ported)."}
+    critic_model_name: str | None = field(
+        default=None, metadata={"help": "The critics' model id or path; None: the agents' model (iac, maac)."}
     )
-    value_head_hidden_dim: int | None = field(default=None, metadata={"help": "Actor-critic back-end (not ported)."})
+    critic_learning_rate: float | None = field(
+        default=None, metadata={"help": "Critic learning rate; None: agent_learning_rate (iac, maac)."}
+    )
+    critic_devices: list[str] | None = field(
+        default=None, metadata={"help": "The critics' devices with parallel_training='mp' (iac, maac)."}
+    )
+    use_separate_critic: bool = field(
+        default=True, metadata={"help": "IAC: a critic model per agent (True) or a value head on each agent (False)."}
+    )
+    critic_type: str = field(
+        default="v", metadata={"help": "'v' (prompts) or 'q' (prompts and completions) (iac, maac)."}
+    )
+    value_loss_coef: float = field(default=0.6, metadata={"help": "Weight of the value loss (iac, maac)."})
+    value_clip_range: float | None = field(
+        default=0.2, metadata={"help": "Clip range of the value loss of IAC's heads on the agents; None: no clipping."}
+    )
+    critic_value_head_hidden_dim: int | None = field(
+        default=None, metadata={"help": "Hidden width of the critics' value heads (iac, maac)."}
+    )
+    value_head_hidden_dim: int | None = field(
+        default=None, metadata={"help": "Hidden width of IAC's value heads on the agents (use_separate_critic=False)."}
+    )
 
     def __post_init__(self):
         self._check_marlhf_fields()
@@ -195,27 +294,31 @@ class MARLHFConfig(MAGRPOConfig):
                 f"`rl_algorithm` must be one of {[*RL_ALGORITHMS, *ACTOR_CRITIC_ALGORITHMS]}, got "
                 f"{self.rl_algorithm!r}."
             )
-        if algorithm in ACTOR_CRITIC_ALGORITHMS:
-            raise NotImplementedError(
-                f"`rl_algorithm={algorithm!r}` (MARLHF with an actor-critic back-end) is not ported yet: use "
-                f"`rl_algorithm` in {list(RL_ALGORITHMS)}, or train the reward model (`train_reward_model`) and pass "
-                f"it as `reward_func=` to `{algorithm.upper()}Trainer`."
-            )
         self.rl_algorithm = algorithm
-        if self.num_generations is None or self.num_generations < 2:
+        actor_critic = algorithm in ACTOR_CRITIC_ALGORITHMS
+        minimum = 1 if actor_critic else 2
+        if self.num_generations is None or self.num_generations < minimum:
             raise ValueError(
-                f"`num_generations` must be >= 2 for `rl_algorithm={algorithm!r}` (the MAGRPO family compares a "
-                f"prompt's samples), got {self.num_generations}."
+                f"`num_generations` must be >= {minimum} for `rl_algorithm={algorithm!r}`"
+                + ("" if actor_critic else " (the MAGRPO family compares a prompt's samples)")
+                + f", got {self.num_generations}."
             )
-        mode = RL_ALGORITHMS[algorithm]
         given = str(self.advantage_mode).strip().lower()
-        if given not in ("mean", mode):  # "mean" is the default, which CoMLRL overwrites from rl_algorithm
-            raise ValueError(
-                f"`advantage_mode={self.advantage_mode!r}` contradicts `rl_algorithm={algorithm!r}` (advantage mode "
-                f"{mode!r}); MARLHF sets it from `rl_algorithm`: drop `advantage_mode` or choose the `rl_algorithm` "
-                f"of that mode ({ {v: k for k, v in RL_ALGORITHMS.items()}.get(given, 'none')!r})."
-            )
-        self.advantage_mode = mode
+        if actor_critic:
+            if given != "mean":
+                raise ValueError(
+                    f"`advantage_mode={self.advantage_mode!r}` serves the MAGRPO family; `rl_algorithm="
+                    f"{algorithm!r}` takes its advantages from the critic: drop `advantage_mode`."
+                )
+        else:
+            mode = RL_ALGORITHMS[algorithm]
+            if given not in ("mean", mode):  # "mean" is the default, which CoMLRL overwrites from rl_algorithm
+                raise ValueError(
+                    f"`advantage_mode={self.advantage_mode!r}` contradicts `rl_algorithm={algorithm!r}` (advantage "
+                    f"mode {mode!r}); MARLHF sets it from `rl_algorithm`: drop `advantage_mode` or choose the "
+                    f"`rl_algorithm` of that mode ({ {v: k for k, v in RL_ALGORITHMS.items()}.get(given, 'none')!r})."
+                )
+            self.advantage_mode = mode
         for name, ok, rule in (
             ("reward_learning_rate", self.reward_learning_rate > 0, "> 0"),
             ("reward_num_train_epochs", self.reward_num_train_epochs >= 1, ">= 1"),
@@ -268,13 +371,55 @@ class MARLHFConfig(MAGRPOConfig):
                 f"MARLHF's reward model scores aligned joint samples only: set `joint_mode='aligned'`, got "
                 f"{self.joint_mode!r}."
             )
-        for defaults, why in (
-            (CRITIC_DEFAULTS, "serves `rl_algorithm='iac'`/`'maac'`, which is not ported yet"),
-            (UNUSED_MADPO_DEFAULTS, "is a MADPO field that MARLHF never reads (CoMLRL ignores it too)"),
-        ):
+        checks = [(UNUSED_MADPO_DEFAULTS, "is a MADPO field that MARLHF never reads (CoMLRL ignores it too)")]
+        if not actor_critic:
+            why = f"serves `rl_algorithm='iac'`/`'maac'`, not `rl_algorithm={algorithm!r}`"
+            checks.append((CRITIC_DEFAULTS, why))
+        elif algorithm == "maac":
+            checks.append((MAAC_UNUSED_DEFAULTS, "serves IAC's critics; MAAC trains one joint critic model"))
+        for defaults, why in checks:
             for name, default in defaults.items():
                 if getattr(self, name) != default:
                     raise ValueError(f"`{name}={getattr(self, name)!r}` {why}: leave it at its default ({default!r}).")
+        if algorithm == "iac" and not self.use_separate_critic and self.critic_model_name is not None:
+            raise ValueError(
+                "`critic_model_name` names separate critics, but `use_separate_critic=False` puts a value head on "
+                "each agent: drop `critic_model_name` or set `use_separate_critic=True`."
+            )
+        if actor_critic:
+            # The online phase's config, from the fields as given (the MAGRPO host below rewrites some of them);
+            # building it now raises its checks at construction.
+            self._actor_critic_fields = {name: getattr(self, name) for name in ACTOR_CRITIC_FIELDS}
+            self._actor_critic_fields["train_batch_size"] = self.comlrl_train_batch_size
+            self._actor_critic_fields["eval_batch_size"] = self.comlrl_eval_batch_size
+            self.actor_critic_config()
+            # The host only samples the preference candidates and evaluates; MAGRPO's config wants 2 samples.
+            self.num_generations = max(self.num_generations, 2)
+
+    def actor_critic_config(self) -> IACConfig | MAACConfig:
+        """The online phase's `IACConfig`/`MAACConfig` (`rl_algorithm="iac"`/`"maac"`): CoMLRL's
+        `_build_actor_critic_common_config` fields (the critic's learning rate `None` -> `agent_learning_rate`;
+        `num_turns=1`), IAC's critic fields, and the run's TRL settings (`output_dir`, `seed`, `report_to`, ...)."""
+        if self.rl_algorithm not in ACTOR_CRITIC_ALGORITHMS:
+            raise ValueError(f"`rl_algorithm={self.rl_algorithm!r}` trains no critic: it has no actor-critic config.")
+        values = dict(self._actor_critic_fields)
+        values["critic_learning_rate"] = values["critic_learning_rate"] or values["agent_learning_rate"]
+        # CoMLRL's child updates once its buffer holds `rollout_buffer_size` samples, filled an item (G samples) at
+        # a time: the buffer it trains on is the size rounded up to whole items.
+        generations = values["num_generations"]
+        values["rollout_buffer_size"] = -(-values["rollout_buffer_size"] // generations) * generations
+        if self.rl_algorithm == "maac":
+            for name in MAAC_UNUSED_DEFAULTS:
+                values.pop(name)
+            hidden = values.pop("critic_value_head_hidden_dim")
+            config = MAACConfig(**values, **self._trl_settings())
+            config.critic_value_head_hidden_dim = hidden  # CoMLRL's MAAC reads it from model_config; see the docs
+            return config
+        return IACConfig(**values, **self._trl_settings())
+
+    def _trl_settings(self) -> dict[str, Any]:
+        names = {f.name for f in dataclass_fields(self)}
+        return {name: getattr(self, name) for name in SHARED_TRL_FIELDS if name in names}
 
 
 class MARLHFTrainer(MAGRPOTrainer):
@@ -288,14 +433,18 @@ class MARLHFTrainer(MAGRPOTrainer):
             As in `MAGRPOTrainer`. `reward_func` (with `reward_processor`) is the task reward: it ranks the
             preference candidates and scores evaluation; training uses the reward model.
         args (`MARLHFConfig`, *optional*): `None` uses `MARLHFConfig()`.
-        centralized_comparator_adapter, metrics_callback, critic_model, critics (*optional*):
-            Serve CoMLRL's centralized mode and actor-critic back-ends, which are not ported: giving one raises.
+        centralized_comparator_adapter (*optional*): CoMLRL's centralized mode, not ported: giving it raises.
+        critic_model (`str` or model, *optional*), critics (list, *optional*):
+            The critics of `rl_algorithm="iac"`/`"maac"` (IAC: one per agent; MAAC: one), as `IACTrainer`'s;
+            without them `critic_model_name`, else the agents' model.
+        metrics_callback (callable, *optional*): passed to the online `IACTrainer`/`MAACTrainer`.
         reward_model (`JointRewardModel`, *optional*):
             Beyond CoMLRL: the reward model to train, instead of loading `args.reward_model_name`.
         **kwargs: `MultiAgentGRPOTrainer`'s TRL arguments (`peft_config`, `callbacks`, ...).
 
     After `train()`: `trainer.reward_model` (the trained `JointRewardModel`, in eval mode), `trainer.preference_pairs`
-    and `trainer.reward_model_history` (every reward-model step's loss, accuracy and margin).
+    and `trainer.reward_model_history` (every reward-model step's loss, accuracy and margin); with `"iac"`/`"maac"`,
+    `trainer.online_trainer` (the online phase's `IACTrainer`/`MAACTrainer`, holding the critics).
     """
 
     default_config_cls = MARLHFConfig
@@ -334,17 +483,16 @@ class MARLHFTrainer(MAGRPOTrainer):
                 "`centralized_comparator_adapter` serves `collaboration_mode='centralized'`, which is not ported to "
                 "MARLHF yet: drop it and train decentralized agents."
             )
-        actor_critic = {"metrics_callback": metrics_callback, "critic_model": critic_model, "critics": critics}
-        for name, value in actor_critic.items():
-            if value is not None:
-                raise NotImplementedError(
-                    f"`{name}` serves MARLHF's actor-critic back-ends (`rl_algorithm='iac'`/`'maac'`), which are not "
-                    f"ported yet; this trainer runs `rl_algorithm={args.rl_algorithm!r}`: drop `{name}`."
-                )
+        self._check_online_arguments(args, metrics_callback, critic_model, critics, eval_logger, kwargs)
         if reward_model is not None and not isinstance(reward_model, JointRewardModel):
             raise TypeError(
                 f"`reward_model` must be a multiagent_trl JointRewardModel, got {type(reward_model).__name__}."
             )
+        model_config = dict(model_config) if model_config is not None else None
+        critic_config = {}  # CoMLRL's critic loading keys, read by the actor-critic back-ends only
+        if model_config is not None and args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
+            critic_config = {k: model_config.pop(k) for k in CRITIC_MODEL_CONFIG_KEYS if k in model_config}
+        callbacks = kwargs.get("callbacks")
         super().__init__(
             agent_model=agent_model,
             agents=agents,
@@ -377,6 +525,62 @@ class MARLHFTrainer(MAGRPOTrainer):
         self.preference_pairs: list = []
         self.reward_model_history: list[dict[str, float]] = []
         self._online_reward: Callable | None = None  # the reward model as the training reward, once trained
+        # The actor-critic back-ends: what the online trainer is built from, each online phase.
+        self.metrics_callback = metrics_callback
+        self.critic_model_source, self.critic_sources = critic_model, critics  # CoMLRL's attribute names
+        self.task_reward, self.task_reward_processor = reward_func, reward_processor
+        self.comlrl_formatters = formatters
+        self.online_model_config = {**(model_config or {}), **critic_config}
+        self.online_callbacks = callbacks
+        self.online_trainer: IACTrainer | MAACTrainer | None = None  # the last online phase's trainer
+        if args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
+            self._critic_sources()  # raises now if there is no critic to build
+
+    def _check_online_arguments(self, args, metrics_callback, critic_model, critics, eval_logger, kwargs) -> None:
+        """The constructor's actor-critic arguments against `rl_algorithm`, with CoMLRL's checks."""
+        given = {"metrics_callback": metrics_callback, "critic_model": critic_model, "critics": critics}
+        if args.rl_algorithm not in ACTOR_CRITIC_ALGORITHMS:
+            for name, value in given.items():
+                if value is not None:
+                    raise ValueError(
+                        f"`{name}` serves MARLHF's actor-critic back-ends (`rl_algorithm='iac'`/`'maac'`); this "
+                        f"trainer runs `rl_algorithm={args.rl_algorithm!r}`: drop `{name}` or change `rl_algorithm`."
+                    )
+            return
+        for name, value in (("eval_logger", eval_logger), ("peft_config", kwargs.get("peft_config"))):
+            if value is not None:
+                raise NotImplementedError(
+                    f"`{name}` is not supported with `rl_algorithm={args.rl_algorithm!r}` (the online actor-critic "
+                    f"trainer does not take it): drop `{name}` or use `rl_algorithm` in {list(RL_ALGORITHMS)}."
+                )
+        if args.rl_algorithm == "iac" and not args.use_separate_critic:
+            if critic_model is not None or critics is not None:
+                raise ValueError(
+                    "critics can only be provided when use_separate_critic=True: with `use_separate_critic=False` "
+                    "each agent carries its own value head; drop `critic_model`/`critics`."
+                )
+        count = 1 if args.rl_algorithm == "maac" else None  # IAC: one per agent, checked once the team is known
+        if critics is not None and count is not None and len(list(critics)) != count:
+            raise ValueError(f"MAAC trains one joint critic: `critics` must hold 1 model, got {len(list(critics))}.")
+
+    def _critic_sources(self) -> tuple[Any, list | None]:
+        """`(critic_model, critics)` for the online trainer, as CoMLRL resolves them: `critics`, else `critic_model`,
+        else `critic_model_name`, else the agents' model; `(None, None)` for value heads on the agents."""
+        args = self.args
+        if args.rl_algorithm == "iac" and not args.use_separate_critic:
+            return None, None
+        if self.critic_sources is not None:
+            critics = list(self.critic_sources)
+            if args.rl_algorithm == "iac" and len(critics) != self.num_agents:
+                raise ValueError(f"`critics` must hold one critic per agent ({self.num_agents}), got {len(critics)}.")
+            return None, critics
+        source = self.critic_model_source or args.critic_model_name or self.model_name
+        if source is None or (isinstance(source, torch.nn.Module) and args.rl_algorithm == "iac"):
+            raise ValueError(
+                "MARLHF with an actor-critic back-end needs the critics' model: set `critic_model_name` (a model id "
+                "or path), or pass `critic_model=` (an id or path) or `critics=[...]` (models)."
+            )
+        return source, None
 
     # ------------------------------------------------------------------ the reward model
 
@@ -473,6 +677,14 @@ class MARLHFTrainer(MAGRPOTrainer):
         checkpoint arguments. Resuming from a checkpoint that holds `reward_model/` skips steps 1 and 2."""
         if self.train_dataset is None:
             return super().train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
+        if self.args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
+            given = (resume_from_checkpoint, self.pending_checkpoint, checkpoint_dir, checkpoint_total_limit, *kwargs)
+            if any(v is not None for v in given) or checkpoint_interval != 1:
+                raise NotImplementedError(
+                    f"Checkpoints are not supported with `rl_algorithm={self.args.rl_algorithm!r}` yet: call "
+                    "`train()` without checkpoint arguments, and `save_model(dir)` afterwards."
+                )
+            return self._train_actor_critic()
         checkpoint = resume_from_checkpoint or self.pending_checkpoint
         if checkpoint is True:
             checkpoint = get_last_checkpoint(checkpoint_dir or self.args.output_dir)
@@ -483,6 +695,46 @@ class MARLHFTrainer(MAGRPOTrainer):
         return super().train(
             resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, **kwargs
         )
+
+    def _train_actor_critic(self):
+        """Steps 1 and 2 (once), then a fresh online actor-critic trainer (`online_trainer`) on the same agents."""
+        if self._online_reward is None:
+            self._train_reward_stage()
+        self._online_reward = bind_joint_scorer(self.reward_model, self.num_agents)
+        trainer = self.online_trainer = self._actor_critic_trainer()
+        for key in [k for k in self._metrics["train"] if k.startswith("reward_model/")]:
+            trainer._metrics["train"][key] = self._metrics["train"].pop(key)  # in its first training log
+        output = trainer.train()
+        self.state.global_step = trainer.state.global_step  # CoMLRL copies its `env_step` back
+        self.state.log_history.extend(trainer.state.log_history)
+        return output
+
+    def _actor_critic_trainer(self) -> IACTrainer | MAACTrainer:
+        """CoMLRL's child trainer of an online phase: `IACTrainer`/`MAACTrainer` on this trainer's agents (the same
+        modules, trained in place), with `args.actor_critic_config()`, new critics (`_critic_sources`), the reward
+        model's raw scores as the training reward and the task reward (with its processor) in evaluation."""
+        critic_model, critics = self._critic_sources()
+        tokenizers = [view["processing_class"] for view in self._agent_views]
+        model_config = {k: v for k, v in self.online_model_config.items() if k in ONLINE_MODEL_CONFIG_KEYS}
+        trainer_cls = _OnlineMAAC if self.args.rl_algorithm == "maac" else _OnlineIAC
+        trainer = trainer_cls(
+            agents=list(self.model.models()),
+            critic_model=critic_model,
+            critics=critics,
+            tokenizer=tokenizers if len({id(t) for t in tokenizers}) > 1 else tokenizers[0],
+            reward_func=self.task_reward,
+            reward_processor=self.task_reward_processor,
+            formatters=self.comlrl_formatters,
+            args=self.args.actor_critic_config(),
+            train_dataset=self.train_dataset,
+            eval_dataset=self.eval_dataset,
+            model_config=model_config,
+            metrics_callback=self.metrics_callback,
+            callbacks=self.online_callbacks,
+        )
+        trainer.online_reward = self._online_reward
+        trainer.verbose = self.verbose
+        return trainer
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
         # Training batches are scored by the reward model, raw (no processor); evaluation keeps the task reward.
@@ -505,6 +757,33 @@ class MARLHFTrainer(MAGRPOTrainer):
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if self._online_reward is not None and self.accelerator.is_main_process:
             self.reward_model.save_pretrained(self._reward_model_folder(output_dir))
+
+
+class _RewardModelScored:
+    """The online actor-critic trainer's scoring: training batches by `online_reward` (the reward model's raw scores,
+    no processor), evaluation by the task reward the trainer was built with (and its processor)."""
+
+    online_reward: Callable | None = None
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
+        if not self.model.training or self.online_reward is None:
+            return super()._generate_and_score_completions(inputs)
+        with self._swap(
+            reward_funcs=[self.online_reward],
+            reward_func_names=[self.online_reward.__name__],
+            reward_weights=torch.ones(1, device=self.reward_weights.device),
+            reward_processing_classes=[None],
+            reward_processor=None,
+        ):
+            return super()._generate_and_score_completions(inputs)
+
+
+class _OnlineIAC(_RewardModelScored, IACTrainer):
+    """MARLHF's online phase with `rl_algorithm="iac"`."""
+
+
+class _OnlineMAAC(_RewardModelScored, MAACTrainer):
+    """MARLHF's online phase with `rl_algorithm="maac"`."""
 
 
 __all__ = ["MARLHFConfig", "MARLHFTrainer"]
