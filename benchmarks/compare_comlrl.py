@@ -60,6 +60,40 @@ What the CoMLRL layer does differently on purpose (`multiagent_trl/comlrl/actor_
 optimizer step per buffer on the mean of the agents' value losses (CoMLRL: one step per agent), a multi-turn buffer
 trains all its turns in one step (CoMLRL: one step per turn), the end-of-sequence token is always scored.
 
+The preference family (`--family preference`, issue 30): MADPO and MARLHF (`--trainers madpo marlhf`, the default
+there), CoMLRL 1.4.3's own `MADPOTrainer`/`MARLHFTrainer` (`comlrl.trainers.preference`) against this library's
+CoMLRL-compatible classes (`from multiagent_trl import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer`), both
+built by one function (`preference_trainer`) with the same arguments: the same agent objects, K =
+`--preference-num-candidates` joint candidates per prompt, `--preference-pairs-per-sample` pairs per prompt
+(`reward_gap`), 2 prompts per generation batch, the task reward (x100) through the same recording wrapper, no
+evaluation during training. The measure is the joint task reward of the agents after `train()` on 10 held-out prompts
+(`HELDOUT_PROMPTS`): `--eval-samples` sampled joint completions per prompt, with the training sampling settings and a
+fixed random stream, by one function (`heldout_rewards`) for both libraries' agents; the initial agents are scored the
+same way first (identical in both, a check). Also reported: the task reward of the samples drawn in `train()`, agent
+0's optimizer steps and the CPU and wall time of `train()`.
+
+- MADPO: CoMLRL draws all K candidates per prompt once from the initial agents and trains `--epochs` passes over the
+  pairs (`train_batch_size=--preference-train-batch-size` pairs per step). Ours draws each generation batch's
+  candidates from the current agents: one pass over the prompts (`num_train_epochs=1`) draws as many candidates as
+  CoMLRL, and `num_iterations=--epochs` trains `--epochs` times on each batch's pairs, so the optimizer steps match
+  when every prompt gives its `--preference-pairs-per-sample` pairs (ours counts pair slots, padding a prompt with
+  fewer pairs with weight-0 rows; CoMLRL's steps hold exactly `train_batch_size` real pairs). Ours raises when a
+  generation batch has no pair at all (every candidate scored the same); the worker then scores the agents as they
+  are and the report says so (CoMLRL, sampling once from the initial agents, never meets such a batch).
+- MARLHF: both draw the pairs once from the initial agents, train the joint reward model (`reward_model_name` = the
+  tiny model's path, `reward_model_device="cpu"`: CoMLRL's default "cuda:0" fails without CUDA) for
+  `--reward-num-train-epochs` epochs at `--reward-learning-rate`, then train the agents online (`rl_algorithm=
+  "magrpo"`, G=`--num-generations`, `--epochs` passes) on the reward model's scores. Ours' MAGRPO-family optimizer
+  is matched to CoMLRL's as below (`--ours-optimizer`); its online loss is TRL's (see below).
+
+Small settings, one run at a time on one thread (about 2.5 and 5 minutes for the 12 runs on 2 shared cores):
+
+    HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --family preference \
+        --trainers madpo marlhf --epochs 8 --num-generations 4 --jobs 1 --threads 1 --json-out pref.json
+    HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --family preference \
+        --trainers madpo marlhf --preference-num-candidates 32 --preference-pairs-per-sample 8 --epochs 4 \
+        --num-generations 4 --jobs 1 --threads 1 --json-out pref32.json
+
 By default the optimizer of multiagent_trl is matched to CoMLRL's plain `torch.optim.AdamW`: constant learning rate,
 weight decay 0.01, no gradient clipping (`--ours-optimizer trl-default` keeps TRL's linear decay, clipping at 1.0 and
 no weight decay instead). Differences that remain (not settable): CoMLRL takes the policy gradient of the untempered
@@ -747,8 +781,15 @@ def train_preference(library: str, settings: Settings, args: WorkerArguments, ou
     if library == "comlrl":
         trainer.optimizers[0].register_step_post_hook(lambda *_: steps.__setitem__(0, steps[0] + 1))
     snapshot = [p.detach().clone() for p in agents[0].parameters()]
+    stopped = None
     start, cpu_start = time.perf_counter(), time.process_time()
-    trainer.train()
+    try:
+        trainer.train()
+    except ValueError as error:  # ours: a generation batch without any pair raises (CoMLRL trains on nothing)
+        if library == "comlrl" or "No preference pair" not in str(error):
+            raise
+        stopped = str(error).split(":")[0] + f" at step {trainer.state.global_step}"
+        print(f"multiagent_trl stopped: {stopped}", flush=True)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     trained = list(trainer.agents) if library == "comlrl" else agents
     if library != "comlrl":
@@ -762,6 +803,7 @@ def train_preference(library: str, settings: Settings, args: WorkerArguments, ou
         "heldout_after": after,
         "raw_rewards": reward.rewards,
         "optimizer_steps": steps[0],
+        "stopped": stopped,
         "train_seconds": wall,
         "train_cpu_seconds": cpu,
     }
@@ -1010,6 +1052,10 @@ def print_preference_report(results: dict[str, list[dict]], settings: Settings, 
     ]
     for label, ours, theirs in rows:
         print(summary_row(label, ours, theirs))
+    for lib in LIBRARIES:
+        for seed, result in zip(settings.seeds, results[lib]):
+            if result.get("stopped"):
+                print(f"{lib} seed {seed}: train() raised '{result['stopped']}'; scored the agents as they were")
     summary = {label: {"multiagent_trl": ours, "comlrl": theirs} for label, ours, theirs in rows}
     gain = {lib: [statistics.fmean(r["heldout_after"]) - statistics.fmean(r["heldout_before"]) for r in results[lib]]
             for lib in LIBRARIES}  # fmt: skip
