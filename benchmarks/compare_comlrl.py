@@ -86,7 +86,8 @@ same way first (identical in both, a check). Also reported: the task reward of t
   "magrpo"`, G=`--num-generations`, `--epochs` passes) on the reward model's scores. Ours' MAGRPO-family optimizer
   is matched to CoMLRL's as below (`--ours-optimizer`); its online loss is TRL's (see below).
 
-Small settings, one run at a time on one thread (about 2.5 and 5 minutes for the 12 runs on 2 shared cores):
+Small settings, one run at a time on one thread (about 2.5 and 3.5 minutes for the 12 runs on 2 shared cores;
+docs/benchmarks.md also has the first with `--learning-rate 3e-4`):
 
     HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --family preference \
         --trainers madpo marlhf --epochs 8 --num-generations 4 --jobs 1 --threads 1 --json-out pref.json
