@@ -1100,6 +1100,8 @@ def run_driver(settings: Settings) -> None:
         sys.exit(f"--family {settings.family} compares {', '.join(expected)}; got --trainers {settings.trainers}.")
     if settings.family == "preference" and settings.num_turns != 1:
         sys.exit("MADPO and MARLHF are single-turn (CoMLRL 1.4.3): leave --num-turns 1.")
+    if settings.family == "preference" and settings.figure:
+        sys.exit("--figure draws reward curves; --family preference reports held-out rewards only (use --json-out).")
     if settings.bin_samples <= 0:
         settings.bin_samples = len(TRAIN_PROMPTS) * settings.num_generations
     if settings.threads <= 0:
