@@ -60,6 +60,41 @@ What the CoMLRL layer does differently on purpose (`multiagent_trl/comlrl/actor_
 optimizer step per buffer on the mean of the agents' value losses (CoMLRL: one step per agent), a multi-turn buffer
 trains all its turns in one step (CoMLRL: one step per turn), the end-of-sequence token is always scored.
 
+The preference family (`--family preference`, issue 30): MADPO and MARLHF (`--trainers madpo marlhf`, the default
+there), CoMLRL 1.4.3's own `MADPOTrainer`/`MARLHFTrainer` (`comlrl.trainers.preference`) against this library's
+CoMLRL-compatible classes (`from multiagent_trl import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer`), both
+built by one function (`preference_trainer`) with the same arguments: the same agent objects, K =
+`--preference-num-candidates` joint candidates per prompt, `--preference-pairs-per-sample` pairs per prompt
+(`reward_gap`), 2 prompts per generation batch, the task reward (x100) through the same recording wrapper, no
+evaluation during training. The measure is the joint task reward of the agents after `train()` on 10 held-out prompts
+(`HELDOUT_PROMPTS`): `--eval-samples` sampled joint completions per prompt, with the training sampling settings and a
+fixed random stream, by one function (`heldout_rewards`) for both libraries' agents; the initial agents are scored the
+same way first (identical in both, a check). Also reported: the task reward of the samples drawn in `train()`, agent
+0's optimizer steps and the CPU and wall time of `train()`.
+
+- MADPO: CoMLRL draws all K candidates per prompt once from the initial agents and trains `--epochs` passes over the
+  pairs (`train_batch_size=--preference-train-batch-size` pairs per step). Ours draws each generation batch's
+  candidates from the current agents: one pass over the prompts (`num_train_epochs=1`) draws as many candidates as
+  CoMLRL, and `num_iterations=--epochs` trains `--epochs` times on each batch's pairs, so the optimizer steps match
+  when every prompt gives its `--preference-pairs-per-sample` pairs (ours counts pair slots, padding a prompt with
+  fewer pairs with weight-0 rows; CoMLRL's steps hold exactly `train_batch_size` real pairs). Ours raises when a
+  generation batch has no pair at all (every candidate scored the same); the worker then scores the agents as they
+  are and the report says so (CoMLRL, sampling once from the initial agents, never meets such a batch).
+- MARLHF: both draw the pairs once from the initial agents, train the joint reward model (`reward_model_name` = the
+  tiny model's path, `reward_model_device="cpu"`: CoMLRL's default "cuda:0" fails without CUDA) for
+  `--reward-num-train-epochs` epochs at `--reward-learning-rate`, then train the agents online (`rl_algorithm=
+  "magrpo"`, G=`--num-generations`, `--epochs` passes) on the reward model's scores. Ours' MAGRPO-family optimizer
+  is matched to CoMLRL's as below (`--ours-optimizer`); its online loss is TRL's (see below).
+
+Small settings, one run at a time on one thread (about 2.5 and 3.5 minutes for the 12 runs on 2 shared cores;
+docs/benchmarks.md also has the first with `--learning-rate 3e-4`):
+
+    HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --family preference \
+        --trainers madpo marlhf --epochs 8 --num-generations 4 --jobs 1 --threads 1 --json-out pref.json
+    HF_HUB_OFFLINE=1 python benchmarks/compare_comlrl.py --comlrl-python .venv/bin/python --family preference \
+        --trainers madpo marlhf --preference-num-candidates 32 --preference-pairs-per-sample 8 --epochs 4 \
+        --num-generations 4 --jobs 1 --threads 1 --json-out pref32.json
+
 By default the optimizer of multiagent_trl is matched to CoMLRL's plain `torch.optim.AdamW`: constant learning rate,
 weight decay 0.01, no gradient clipping (`--ours-optimizer trl-default` keeps TRL's linear decay, clipping at 1.0 and
 no weight decay instead). Differences that remain (not settable): CoMLRL takes the policy gradient of the untempered
@@ -100,8 +135,22 @@ TRAIN_PROMPTS = [
 ]
 REWARD_SCALE = 100.0
 LIBRARIES = ("multiagent_trl", "comlrl")
-FAMILIES = ("magrpo", "ac")
+FAMILIES = ("magrpo", "ac", "preference")
 AC_TRAINERS = ("iac", "maac")
+PREFERENCE_TRAINERS = ("madpo", "marlhf")
+# Held-out prompts of the same kind (never trained on): `--family preference` scores the trained agents on them.
+HELDOUT_PROMPTS = [
+    "Describe a library under the sea:",
+    "Invent a board game for robots:",
+    "Write a lullaby for a volcano:",
+    "Explain how a time machine might break:",
+    "Tell a joke about penguins:",
+    "Describe a forest that glows at night:",
+    "Create a villain who hates music:",
+    "Write a scene where the sun oversleeps:",
+    "Invent a new musical instrument:",
+    "Design a school on the moon:",
+]
 DEFAULT_COMLRL_PYTHON = "/tmp/comlrl-venv/bin/python"
 
 
@@ -203,14 +252,17 @@ class Settings:
     family: str = field(
         default="magrpo",
         metadata={
-            "help": "'magrpo' (MAGRPOTrainer, one comparison per --advantage-modes value) or 'ac' (the actor-critic "
-            "trainers IAC and MAAC, one comparison per --trainers value).",
+            "help": "'magrpo' (MAGRPOTrainer, one comparison per --advantage-modes value), 'ac' (the actor-critic "
+            "trainers IAC and MAAC) or 'preference' (MADPO and MARLHF), one comparison per --trainers value.",
             "choices": list(FAMILIES),
         },
     )
     trainers: list[str] = field(
         default_factory=lambda: list(AC_TRAINERS),
-        metadata={"help": "With --family ac: the actor-critic trainers to compare (iac, maac), each a comparison."},
+        metadata={
+            "help": "With --family ac: the actor-critic trainers to compare (iac, maac); with --family preference: "
+            "madpo, marlhf (the default there). Each a comparison."
+        },
     )
     ours_api: str = field(
         default="comlrl",
@@ -237,6 +289,29 @@ class Settings:
         default=0.0, metadata={"help": "With --family ac: the critics' learning rate; 0 means --learning-rate."}
     )
     value_loss_coef: float = field(default=0.6, metadata={"help": "With --family ac: weight of the value loss."})
+    preference_num_candidates: int = field(
+        default=8, metadata={"help": "With --family preference: joint candidates sampled per prompt for pairs (K)."}
+    )
+    preference_pairs_per_sample: int = field(
+        default=4, metadata={"help": "With --family preference: pairs kept per prompt (reward_gap selection)."}
+    )
+    preference_train_batch_size: int = field(
+        default=4, metadata={"help": "With --family preference: MADPO's pairs per optimizer step (train_batch_size)."}
+    )
+    dpo_beta: float = field(default=0.1, metadata={"help": "With --family preference: MADPO's DPO beta."})
+    reward_learning_rate: float = field(
+        default=1e-3, metadata={"help": "With --family preference: MARLHF's reward-model learning rate."}
+    )
+    reward_num_train_epochs: int = field(
+        default=2, metadata={"help": "With --family preference: MARLHF's reward-model epochs over the pairs."}
+    )
+    reward_train_batch_size: int = field(
+        default=4, metadata={"help": "With --family preference: MARLHF's pairs per reward-model step."}
+    )
+    eval_samples: int = field(
+        default=16,
+        metadata={"help": "With --family preference: sampled joint completions scored per held-out prompt."},
+    )
     comlrl_python: str = field(default=DEFAULT_COMLRL_PYTHON, metadata={"help": "Interpreter of the CoMLRL venv."})
     jobs: int = field(default=2, metadata={"help": "Training runs at once (CoMLRL's first)."})
     threads: int = field(
@@ -268,9 +343,12 @@ class Settings:
     @property
     def variants(self) -> list[str]:
         """What each comparison varies: the advantage modes (MAGRPO) or the trainers (actor-critic)."""
-        return self.trainers if self.family == "ac" else self.advantage_modes
+        return self.trainers if self.family in ("ac", "preference") else self.advantage_modes
 
     def variant_title(self, variant: str) -> str:
+        if self.family == "preference":
+            pairs = self.preference_pairs_per_sample
+            return f"{variant.upper()} (K={self.preference_num_candidates}, pairs per prompt {pairs})"
         if self.family == "ac":
             return f"{variant.upper()} (critic_type={self.critic_type!r}, critic {self.critic})"
         return f"advantage_mode={variant!r} (advantage_normalization={self.advantage_normalization})"
@@ -575,10 +653,169 @@ def train_ac(library: str, settings: Settings, args: WorkerArguments, output_dir
     }
 
 
+# -------------------------------------------------------------------------------------------- preference workers
+
+
+def preference_trainer(
+    library: str, settings: Settings, model_path: str, output_dir: str, *, trainer: str, seed: int, agents, reward,
+):  # fmt: skip
+    """MADPO or MARLHF, one script for both libraries: CoMLRL 1.4.3's `comlrl.trainers.preference` or multiagent_trl's
+    CoMLRL-compatible classes, with the same arguments; only the import differs (and, for ours, where TRL writes its
+    output, the seed, no reporting or progress bars, and for MADPO `num_train_epochs=1` with `num_iterations=epochs`,
+    for MARLHF CoMLRL's optimizer: see the module docstring)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    if library == "comlrl":
+        os.environ.setdefault("WANDB_MODE", "disabled")
+        from comlrl.trainers.preference import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer
+        from comlrl.utils.reward_processor import RewardProcessors
+
+        bookkeeping = {}
+    else:
+        from multiagent_trl import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer, RewardProcessors
+
+        bookkeeping = dict(output_dir=output_dir, seed=seed, report_to="none", disable_tqdm=True)
+    common = dict(
+        agent_learning_rate=settings.learning_rate,
+        num_agents=2,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        rollout_buffer_size=settings.rollout_buffer_size,
+        preference_num_candidates=settings.preference_num_candidates,
+        preference_pairs_per_sample=settings.preference_pairs_per_sample,
+        pair_selection="reward_gap",
+        eval_interval=0,  # no evaluation during training: the held-out score after train() is the measure
+        logging_steps=1,
+        **bookkeeping,
+    )
+    if trainer == "madpo":
+        # CoMLRL samples the pairs once from the initial policies and trains `epochs` passes over them; ours samples
+        # each generation batch's pairs from the current policies: one pass over the prompts draws as many candidates,
+        # and `num_iterations` trains `epochs` times on each batch's pairs (the same optimizer steps).
+        epochs = dict(num_train_epochs=settings.epochs)
+        if library != "comlrl":
+            epochs = dict(num_train_epochs=1, num_iterations=settings.epochs)
+        config = MADPOConfig(
+            **epochs, train_batch_size=settings.preference_train_batch_size, dpo_beta=settings.dpo_beta, **common
+        )
+        trainer_class = MADPOTrainer
+    else:
+        optimizer = MATCHED_OPTIMIZER if library != "comlrl" and settings.ours_optimizer == "matched" else {}
+        config = MARLHFConfig(
+            num_train_epochs=settings.epochs,
+            rl_algorithm="magrpo",
+            num_generations=settings.num_generations,
+            advantage_normalization=settings.advantage_normalization,
+            reward_model_name=model_path,
+            reward_model_device="cpu",  # CoMLRL's default "cuda:0" fails without CUDA
+            reward_learning_rate=settings.reward_learning_rate,
+            reward_num_train_epochs=settings.reward_num_train_epochs,
+            reward_train_batch_size=settings.reward_train_batch_size,
+            **common,
+            **optimizer,
+        )
+        trainer_class = MARLHFTrainer
+    built = trainer_class(
+        agents=agents,
+        tokenizer=AutoTokenizer.from_pretrained(model_path),
+        reward_func=reward,
+        reward_processor=RewardProcessors.scale(factor=REWARD_SCALE),
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": TRAIN_PROMPTS}),
+        eval_dataset=Dataset.from_dict({"prompt": HELDOUT_PROMPTS}),
+    )
+    built.verbose = False
+    return built
+
+
+def heldout_rewards(agents, tokenizer, settings: Settings, seed: int) -> list[float]:
+    """The task reward of `eval_samples` sampled joint completions per held-out prompt (the training sampling:
+    temperature, top_p, top_k, max_new_tokens), the same code and random stream for both libraries' agents."""
+    import torch
+
+    generator_seed = 10_000 + seed
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    rewards = []
+    for index, prompt in enumerate(HELDOUT_PROMPTS):
+        encoded = tokenizer(prompt, return_tensors="pt")
+        texts = []
+        for agent_index, agent in enumerate(agents):
+            torch.manual_seed(generator_seed + 100 * index + agent_index)
+            agent.eval()
+            with torch.inference_mode():
+                output = agent.generate(
+                    **encoded.to(agent.device),
+                    do_sample=True,
+                    temperature=settings.temperature,
+                    top_p=settings.top_p,
+                    top_k=settings.top_k,
+                    max_new_tokens=settings.max_new_tokens,
+                    num_return_sequences=settings.eval_samples,
+                    pad_token_id=pad,
+                )
+            completions = output[:, encoded["input_ids"].shape[1] :]
+            texts.append(tokenizer.batch_decode(completions, skip_special_tokens=True))
+        rewards += proper_length_ratio_reward(texts[0], texts[1])
+    return rewards
+
+
+def train_preference(library: str, settings: Settings, args: WorkerArguments, output_dir: str) -> dict:
+    """One MADPO/MARLHF run: held-out task reward of the initial and of the trained agents, every task reward computed
+    in training (MADPO: every candidate; MARLHF: the pair stage's, the online stage scores with the reward model),
+    optimizer steps of agent 0, and the times of `train()`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model_path)
+    agents = [AutoModelForCausalLM.from_pretrained(args.model_path) for _ in range(2)]
+    seed_everything(args.seed, settings.threads)
+    before = heldout_rewards(agents, tokenizer, settings, args.seed)
+    seed_everything(args.seed, settings.threads)
+    reward = RecordedReward()
+    trainer = preference_trainer(
+        library, settings, args.model_path, output_dir, trainer=args.ac_trainer, seed=args.seed, agents=agents,
+        reward=reward,
+    )  # fmt: skip
+    steps = [0]
+    if library == "comlrl":
+        trainer.optimizers[0].register_step_post_hook(lambda *_: steps.__setitem__(0, steps[0] + 1))
+    snapshot = [p.detach().clone() for p in agents[0].parameters()]
+    stopped = None
+    start, cpu_start = time.perf_counter(), time.process_time()
+    try:
+        trainer.train()
+    except ValueError as error:  # ours: a generation batch without any pair raises (CoMLRL trains on nothing)
+        if library == "comlrl" or "No preference pair" not in str(error):
+            raise
+        stopped = str(error).split(":")[0] + f" at step {trainer.state.global_step}"
+        print(f"multiagent_trl stopped: {stopped}", flush=True)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    trained = list(trainer.agents) if library == "comlrl" else agents
+    if library != "comlrl":
+        steps[0] = trainer.state.global_step
+        moved = any(not (p.detach() == q).all() for p, q in zip(agents[0].parameters(), snapshot))
+        if not moved:
+            raise RuntimeError("multiagent_trl did not train the agent objects it was given")
+    after = heldout_rewards(trained, tokenizer, settings, args.seed)
+    return {
+        "heldout_before": before,
+        "heldout_after": after,
+        "raw_rewards": reward.rewards,
+        "optimizer_steps": steps[0],
+        "stopped": stopped,
+        "train_seconds": wall,
+        "train_cpu_seconds": cpu,
+    }
+
+
 def run_worker(args: WorkerArguments, settings: Settings) -> None:
     with tempfile.TemporaryDirectory() as output_dir:
         if settings.family == "ac":
             result = train_ac(args.worker, settings, args, output_dir)
+        elif settings.family == "preference":
+            result = train_preference(args.worker, settings, args, output_dir)
         else:
             train = train_ours if args.worker == "multiagent_trl" else train_comlrl
             result = train(settings, args.model_path, args.seed, output_dir, args.advantage_mode)
@@ -608,7 +845,8 @@ def launch(
         "--out",
         str(out),
         *(["--ac-trainer", mode, "--critic-path", str(critic_path)] if settings.family == "ac" else []),
-        *(["--advantage-mode", mode] if settings.family != "ac" else []),
+        *(["--ac-trainer", mode] if settings.family == "preference" else []),
+        *(["--advantage-mode", mode] if settings.family == "magrpo" else []),
         *settings_to_flags(settings),
     ]
     threads = str(settings.threads)
@@ -629,7 +867,7 @@ def launch(
         raise RuntimeError(f"{library} (seed {seed}) failed with exit code {code}; log tail:\n{tail}")
     result = json.loads(out.read_text())
     result["process_seconds"] = wall
-    what = mode if settings.family == "ac" else f"advantage_mode={mode}"
+    what = mode if settings.family != "magrpo" else f"advantage_mode={mode}"
     print(f"  done: {library} {what} seed {seed}, {wall:.0f} s", flush=True)
     return result
 
@@ -788,6 +1026,46 @@ def print_turn_report(results: dict[str, list[dict]], settings: Settings, mode: 
     return {"turn_curves": curves, "reward_calls_per_prompt": per_prompt}
 
 
+def print_preference_report(results: dict[str, list[dict]], settings: Settings, mode: str) -> dict:
+    """MADPO/MARLHF: the task reward of the trained agents on the held-out prompts (and of the initial agents, the
+    same for both libraries), the task rewards scored in training, agent 0's optimizer steps and the times."""
+    seeds = ", ".join(map(str, settings.seeds))
+    print(
+        f"\n=== {settings.variant_title(mode)}: joint task reward (x{REWARD_SCALE:g}) on {len(HELDOUT_PROMPTS)} "
+        f"held-out prompts x {settings.eval_samples} sampled joint completions; mean over seeds [{seeds}]"
+    )
+    print(f"{'':34} | {'multiagent_trl':>26} | {'comlrl':>26} | {'ours/theirs':>11}")
+    print("-" * 108)
+
+    def per_run(key, scale=1.0):
+        return [[scale * statistics.fmean(r[key]) for r in results[lib]] for lib in LIBRARIES]
+
+    rows = [
+        ("held-out reward, initial agents", *per_run("heldout_before", REWARD_SCALE)),
+        ("held-out reward, trained agents", *per_run("heldout_after", REWARD_SCALE)),
+        ("task reward of training samples", *per_run("raw_rewards", REWARD_SCALE)),
+        ("task reward calls in train()", *[[len(r["raw_rewards"]) for r in results[lib]] for lib in LIBRARIES]),
+        ("optimizer steps (agent 0)", *[[r["optimizer_steps"] for r in results[lib]] for lib in LIBRARIES]),
+        ("train CPU time (s)", *[[r["train_cpu_seconds"] for r in results[lib]] for lib in LIBRARIES]),
+        ("train wall time (s)", *[[r["train_seconds"] for r in results[lib]] for lib in LIBRARIES]),
+        ("process wall time (s)", *[[r["process_seconds"] for r in results[lib]] for lib in LIBRARIES]),
+    ]
+    for label, ours, theirs in rows:
+        print(summary_row(label, ours, theirs))
+    for lib in LIBRARIES:
+        for seed, result in zip(settings.seeds, results[lib]):
+            if result.get("stopped"):
+                print(f"{lib} seed {seed}: train() raised '{result['stopped']}'; scored the agents as they were")
+    summary = {label: {"multiagent_trl": ours, "comlrl": theirs} for label, ours, theirs in rows}
+    gain = {lib: [statistics.fmean(r["heldout_after"]) - statistics.fmean(r["heldout_before"]) for r in results[lib]]
+            for lib in LIBRARIES}  # fmt: skip
+    print(
+        f"Held-out gain over the initial agents (x{REWARD_SCALE:g}): "
+        + ", ".join(f"{lib} {REWARD_SCALE * statistics.fmean(gain[lib]):+.1f}" for lib in LIBRARIES)
+    )
+    return {"summary": summary, "runs": results}
+
+
 def format_seeds(values: list[float | None]) -> str:
     """`mean [v1 v2 ...]`; the mean is `-` when a value is missing (a run that never reached the threshold)."""
 
@@ -814,6 +1092,15 @@ def run_driver(settings: Settings) -> None:
         if settings.num_turns > 1 and settings.num_generations != 1:
             sys.exit("Multi-turn actor-critic continues one completion per prompt: add --num-generations 1.")
         critic_path = tiny_model_path(seed=1) if settings.critic == "seed1" else model_path
+    expected = {"ac": AC_TRAINERS, "preference": PREFERENCE_TRAINERS}.get(settings.family)
+    if settings.family == "preference" and settings.trainers == list(AC_TRAINERS):
+        settings.trainers = list(PREFERENCE_TRAINERS)  # the flag's default names the actor-critic trainers
+    if expected and not set(settings.trainers) <= set(expected):
+        sys.exit(f"--family {settings.family} compares {', '.join(expected)}; got --trainers {settings.trainers}.")
+    if settings.family == "preference" and settings.num_turns != 1:
+        sys.exit("MADPO and MARLHF are single-turn (CoMLRL 1.4.3): leave --num-turns 1.")
+    if settings.family == "preference" and settings.figure:
+        sys.exit("--figure draws reward curves; --family preference reports held-out rewards only (use --json-out).")
     if settings.bin_samples <= 0:
         settings.bin_samples = len(TRAIN_PROMPTS) * settings.num_generations
     if settings.threads <= 0:
@@ -833,6 +1120,9 @@ def run_driver(settings: Settings) -> None:
         reports = {}
         for mode in modes:
             results = {lib: [futures[lib, mode, seed].result() for seed in settings.seeds] for lib in LIBRARIES}
+            if settings.family == "preference":
+                reports[mode] = print_preference_report(results, settings, mode)
+                continue
             if settings.num_turns > 1:
                 if settings.family == "ac":
                     for result in results["multiagent_trl"]:
