@@ -10,6 +10,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
+from transformers import AutoModelForCausalLM
 
 from multiagent_trl import MADPOIterConfig, MADPOIterTrainer
 from multiagent_trl.preference.replay import (
@@ -283,3 +284,119 @@ def test_comlrl_iteration_checkpoints_raise(tmp_path):
     )
     with pytest.raises(NotImplementedError, match="policy_checkpoint_dir"):
         trainer.train(checkpoint_dir=str(tmp_path / "ckpt"))
+
+
+# ---- 5. CoMLRL's centralized mode: one model writes every role
+
+CENTRALIZED_SCRIPT = """
+from datasets import Dataset
+from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer
+
+
+class HalvesAdapter:
+    def build_prompt(self, batch_item, agent_prompts):
+        return "Write both parts, one after the other.\\n" + "\\n".join(
+            f"Part {i}: {p}" for i, p in enumerate(agent_prompts)
+        ) + "\\n"
+
+    def parse_completion(self, completion, batch_item, num_agents):
+        half = len(completion) // 2
+        return [completion[:half], completion[half:]]
+
+
+def role_reward(completions1, completions2):
+    return [len(set(a)) - 0.5 * len(set(b)) for a, b in zip(completions1, completions2)]
+
+
+LOGGED = []
+
+
+def eval_logger(agent_completions_turns, batch_items, prompts):
+    LOGGED.append(agent_completions_turns)
+    return [{"roles": float(len(agent_completions_turns))} for _ in batch_items]
+
+
+def main(model_path, output_dir, comparator_policy):
+    dataset = Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:", "Pick a word:", "Say hi:"]})
+    config = MADPOIterConfig(
+        collaboration_mode="centralized", num_iterations=2, num_agents=2, agent_learning_rate=1e-4,
+        max_new_tokens=8, preference_num_candidates=4, preference_pairs_per_sample=2,
+        pair_selection="comparator_reward", dpo_beta=0.1, rollout_buffer_size=2, train_batch_size=2,
+        eval_interval=0, logging_steps=1, comparator_policy=comparator_policy,
+        preference_replay_dir=output_dir + "/preference_replay",
+    )
+    trainer = MADPOIterTrainer(
+        agent_model=model_path,
+        num_agents=2,
+        reward_func=role_reward,
+        formatters=[lambda item: item["prompt"], lambda item: "Expand: " + item["prompt"]],
+        args=config,
+        train_dataset=dataset,
+        eval_dataset=dataset,
+        eval_logger=eval_logger,
+        eval_aggregator=lambda rows, num_turns: {"roles": rows[0]["roles"]},
+        centralized_comparator_adapter=HalvesAdapter(),
+    )
+    trainer.verbose = False
+    trainer.train()
+    trainer.save_model(output_dir + "/final")
+    return trainer, LOGGED, HalvesAdapter(), role_reward
+"""
+
+
+@pytest.mark.parametrize("comparator", ["current", "current_copy"])
+def test_centralized_madpo_iter_script_runs_with_only_its_imports_changed(tmp_path, monkeypatch, comparator):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    random.seed(0)
+    trainer, logged, adapter, role_reward = run_script(
+        CENTRALIZED_SCRIPT, OURS_MADPO_ITER, tiny_model_path(), str(out), comparator
+    )
+    assert trainer.num_agents == 1 and trainer.num_roles == 2
+    assert trainer.args.comparator_generation_mode == "centralized"  # forced, as CoMLRL does
+    joint_prompts = {
+        trainer.centralized_collaboration.build_prompt({"prompt": p}) for p in ["Say hi:", "Pick a word:"]
+    }
+    for it in (1, 2):
+        shard = json.loads((out / "preference_replay" / f"iteration_{it:04d}.json").read_text())
+        assert shard["num_pairs"] == len(shard["pairs"]) > 0
+        for record in shard["pairs"]:
+            # One actor: the joint prompt and the joint completions as written; rewards on the parsed roles.
+            assert len(record["prompts"]) == len(record["winner_completions"]) == len(record["loser_completions"]) == 1
+            assert record["prompts"][0].startswith("Write both parts, one after the other.\nPart 0: ")
+            for key, reward in (("winner_completions", "winner_reward"), ("loser_completions", "loser_reward")):
+                roles = adapter.parse_completion(record[key][0], {}, 2)
+                assert record[reward] == pytest.approx(role_reward([roles[0]], [roles[1]])[0])
+            assert record["winner_reward"] > record["loser_reward"]
+    shard = json.loads((out / "preference_replay" / "iteration_0001.json").read_text())
+    assert joint_prompts & {r["prompts"][0] for r in shard["pairs"]}
+    iterations = [log for log in trainer.state.log_history if "iter/current_iteration" in log]
+    trained = [log["iter/train_preference_pairs"] for log in iterations]
+    assert len(iterations) == 2 and trainer.state.global_step == sum(-(-count // 2) for count in trained)
+    # One model, saved where CoMLRL saves it (agent_0/), its weights changed.
+    saved = AutoModelForCausalLM.from_pretrained(out / "final" / "agent_0")
+    assert changed(snapshot(AutoModelForCausalLM.from_pretrained(tiny_model_path())), saved)
+    assert not (out / "final" / "agent_1").exists()
+    metrics = trainer.evaluate(num_eval_samples=2)
+    assert metrics["eval_roles"] == 2.0 and [len(r) for r in logged[-1]] == [2, 2]  # [role][item][turn]
+    if comparator == "current":  # the same script runs under CoMLRL 1.4.3
+        pytest.importorskip("comlrl")
+        theirs, *_ = run_script(CENTRALIZED_SCRIPT, {}, tiny_model_path(), str(tmp_path / "theirs"), comparator)
+        assert theirs.args.comparator_generation_mode == "centralized" and theirs.num_agents == 1
+        record = json.loads((tmp_path / "theirs" / "preference_replay" / "iteration_0001.json").read_text())["pairs"][
+            0
+        ]
+        assert len(record["prompts"]) == len(record["winner_completions"]) == 1
+        assert record["prompts"][0] in {
+            trainer.centralized_collaboration.build_prompt({"prompt": p})
+            for p in ["Write a title:", "Name a planet:", "Pick a word:", "Say hi:"]
+        }
+
+
+def test_centralized_madpo_iter_config_checks(tmp_path):
+    config = MADPOIterConfig(collaboration_mode="centralized", num_agents=3, report_to="none")
+    assert (config.num_agents, config.comparator_generation_mode) == (3, "centralized")
+    with pytest.raises(ValueError, match="comparator_centralized_agent_index"):
+        MADPOIterConfig(collaboration_mode="centralized", comparator_centralized_agent_index=1, report_to="none")
+    with pytest.raises(NotImplementedError, match="decentralized agents"):
+        MADPOIterConfig(comparator_generation_mode="centralized", report_to="none")

@@ -371,7 +371,7 @@ def test_bad_configs_raise_as_in_comlrl(comlrl, fields, message):
 @pytest.mark.parametrize(
     ("fields", "error", "message"),
     [
-        (dict(collaboration_mode="centralized"), NotImplementedError, "centralized"),
+        (dict(collaboration_mode="centralized", rl_algorithm="iac"), NotImplementedError, "centralized"),
         (dict(critic_model_name="x"), ValueError, "critic_model_name"),
         (dict(dpo_beta=0.5), ValueError, "dpo_beta"),
         (dict(rl_algorithm="marloo", advantage_mode="max"), ValueError, "maremax"),

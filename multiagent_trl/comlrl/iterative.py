@@ -34,11 +34,18 @@ Deliberate differences from CoMLRL 1.4.3, and why:
 5. An evaluation runs before the first update and every `eval_interval` updates (CoMLRL's rule), through
    `MADPOTrainer.evaluate`; logging follows `logging_steps` in updates.
 
+Centralized collaboration (`collaboration_mode="centralized"`, CoMLRL's): one model writes every role, as in
+`MADPOTrainer`'s centralized mode (the joint prompt from the role formatters, the roles' joint reward on the parsed
+joint completion, `eval_logger` given the roles). As CoMLRL, the config sets `comparator_generation_mode=
+"centralized"` and takes only `comparator_centralized_agent_index=0`; with `comparator_policy="current"`/
+`"current_copy"` the comparator is the same model answering the same joint prompt, so every record holds one prompt
+(the joint prompt) and one completion (the joint text as written, tags included), as CoMLRL's records do.
+
 Not supported (raise at construction, naming the field): `comparator_policy="model"` and `"history"` (generation by a
 model other than the agents is not ported yet), `comparator_policy="api"` (an HTTP endpoint: this library makes no
-network calls, and its tests and CI run offline), `comparator_devices`, `comparator_generation_mode="centralized"`,
-more than one process, and CoMLRL's `train(checkpoint_dir=...)` iteration checkpoints. The `comparator_api_*` fields
-are accepted with CoMLRL's defaults and checks.
+network calls, and its tests and CI run offline), `comparator_devices`, `comparator_generation_mode="centralized"`
+with decentralized agents, more than one process, and CoMLRL's `train(checkpoint_dir=...)` iteration checkpoints.
+The `comparator_api_*` fields are accepted with CoMLRL's defaults and checks.
 
 The iterative fields (`IterativePreferenceFields`) and steps 1-2 (`IterativePairs`) are shared with
 `marlhf_iter.MARLHFIterTrainer`, which trains a reward model and the agents online on them instead of step 3.
@@ -50,7 +57,7 @@ import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -97,7 +104,9 @@ class IterativePreferenceFields:
     log_reward_distribution: bool = field(default=False, metadata={"help": "Reward distribution metrics."})
     policy_checkpoint_dir: str | None = field(default=None, metadata={"help": "Save the agents every iteration."})
     comparator_policy: str = field(default="current", metadata={"help": "'current' or 'current_copy'."})
-    comparator_generation_mode: str = field(default="decentralized", metadata={"help": "'decentralized' only."})
+    comparator_generation_mode: str = field(
+        default="decentralized", metadata={"help": "'decentralized'; 'centralized' (forced) with a centralized team."}
+    )
     comparator_centralized_agent_index: int = field(default=0, metadata={"help": "Centralized comparator's agent."})
     comparator_model_name: str | None = field(default=None, metadata={"help": "comparator_policy='model' (raises)."})
     comparator_agents: list[str] | None = field(default=None, metadata={"help": "comparator_policy='model'."})
@@ -116,6 +125,8 @@ class IterativePreferenceFields:
     comparator_api_key_prefix: str = field(default="Bearer", metadata={"help": "HTTP key prefix."})
     comparator_api_response_field: str = field(default="completions", metadata={"help": "HTTP response field."})
     comparator_api_extra_body: dict[str, Any] | None = field(default=None, metadata={"help": "HTTP extra body."})
+
+    centralized_ported: ClassVar[bool] = False  # whether the config takes `collaboration_mode="centralized"`
 
     def _check_iterative_fields(self) -> None:
         """CoMLRL's cross-field checks (`_validate_iterative_config`), then what is not supported here."""
@@ -211,10 +222,17 @@ class IterativePreferenceFields:
                 "`comparator_devices` places a copy of the agents on other devices, which is not supported: the "
                 "comparator samples with the agents where they are. Leave it None."
             )
-        if self.comparator_generation_mode == "centralized" or self.collaboration_mode == "centralized":
+        if self.collaboration_mode == "centralized":
+            if not self.centralized_ported:
+                raise NotImplementedError(
+                    f"`collaboration_mode='centralized'` is not ported to {type(self).__name__} yet: use "
+                    "`collaboration_mode='decentralized'` (MADPOIter and MARLHF take the centralized mode)."
+                )
+            # CoMLRL's centralized team: its comparator is the one model on the joint prompt (forced above).
+        elif self.comparator_generation_mode == "centralized":
             raise NotImplementedError(
-                "`comparator_generation_mode='centralized'` is not supported: use 'decentralized' (each agent "
-                "answers its own prompt)."
+                "`comparator_generation_mode='centralized'` with decentralized agents is not supported: use "
+                "'decentralized' (each agent answers its own prompt), or `collaboration_mode='centralized'`."
             )
 
 
@@ -258,6 +276,8 @@ class MADPOIterConfig(IterativePreferenceFields, MADPOConfig):
     pair_selection: str = field(
         default="comparator_reward", metadata={"help": "'comparator_reward', 'reward_gap', 'random' or 'all'."}
     )
+
+    centralized_ported: ClassVar[bool] = True
 
     def __post_init__(self):
         selection = str(self.pair_selection).strip().lower()

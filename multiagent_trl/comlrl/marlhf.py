@@ -67,12 +67,27 @@ Deliberate differences from CoMLRL 1.4.3, and why:
    (MAGRPO's, on the task reward).
 9. MADPO's `dpo_beta`, `use_environment_step` and `environment_steps_per_pair`, which CoMLRL's MARLHF accepts and
    never reads, are accepted at their defaults only. An `advantage_mode` that contradicts `rl_algorithm` raises
-   (CoMLRL overwrites it silently). `collaboration_mode="centralized"` raises `NotImplementedError`, as in MADPO's
-   port.
+   (CoMLRL overwrites it silently).
+
+Centralized collaboration (`collaboration_mode="centralized"`, CoMLRL's), with `rl_algorithm` in the MAGRPO family:
+one model writes every role's output from one joint prompt, as in MADPO's port (`comlrl.preference`):
+`centralized_comparator_adapter` (default `TaggedCentralizedComparatorAdapter()`, checked in either mode) builds the
+joint prompt from the role formatters and splits each joint completion into the roles for the task reward
+(`rewards.centralized.CentralizedCollaboration`); `num_agents` (constructor and config, which must agree) counts the
+roles; the host trains one agent (`trainer.args` is a copy with `num_agents=1`, the role count is
+`trainer.num_roles`). The pairs are that model's joint candidates ranked by the roles' joint reward. The reward model
+reads what CoMLRL's reads in this mode, a team of one's joint text: `"Joint multi-agent response\n\nAgent 1
+prompt:\n{joint prompt}\n\nAgent 1 response:\n{joint completion}"`, the adapter's prompt and the completion as
+written (not the parsed roles). Online, the one model trains on the reward model's raw scores of those texts (MAGRPO's
+port, TRL's loss on the whole joint completion); evaluation scores the parsed roles with the task reward and its
+processor, and `eval_logger` receives the roles' outputs `[role][row][turn]`. The model saves as `agent_0/`, the
+reward model beside it. Not ported: `rl_algorithm="iac"`/`"maac"` in this mode (`NotImplementedError`; CoMLRL runs
+its actor-critic child on the joint completions and splits the roles for `metrics_callback`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -87,9 +102,13 @@ from transformers.trainer_utils import get_last_checkpoint
 from ..preference.pairs import PAIR_SELECTIONS
 from ..preference.reward_model import JointRewardModel
 from ..preference.reward_training import collect_preference_pairs, summarize, train_reward_model
+from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
 from ..rewards.joint import bind_joint_scorer
+from ..rollout.evaluation import EvalTrajectories
 from .actor_critic import CRITIC_MODEL_CONFIG_KEYS, IACConfig, IACTrainer, MAACConfig, MAACTrainer
-from .reinforce import MAGRPOConfig, MAGRPOTrainer
+from .centralized import role_trajectories
+from .preference import _one_actor
+from .reinforce import MAGRPOConfig, MAGRPOTrainer, _one_of
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +217,9 @@ class MARLHFConfig(MAGRPOConfig):
         reward_train_batch_size (`int`, *optional*, defaults to `1`): Pairs per reward-model step (>= 1).
         reward_max_length (`int` or `None`, *optional*, defaults to `None`): Joint texts cut at this many tokens.
         reward_freeze_backbone (`bool`, *optional*, defaults to `False`): Train the reward head only.
-        collaboration_mode (`str`, *optional*, defaults to `"decentralized"`): `"centralized"` raises (not ported).
+        collaboration_mode (`str`, *optional*, defaults to `"decentralized"`):
+            `"centralized"`: one model writes every role (`num_agents` roles; see the module docstring), trained
+            online with the MAGRPO family (`"iac"`/`"maac"` raise `NotImplementedError`).
         critic_model_name (`str` or `None`, *optional*, defaults to `None`):
             The critics' model (id or path) when the trainer gets no `critic_model`/`critics`; `None`: the agents'.
         critic_learning_rate (`float` or `None`, *optional*, defaults to `None`): `None`: `agent_learning_rate`.
@@ -226,7 +247,8 @@ class MARLHFConfig(MAGRPOConfig):
         default=None, metadata={"help": "MAGRPO's field; unused by single-turn MARLHF."}
     )
     collaboration_mode: str = field(
-        default="decentralized", metadata={"help": "'decentralized' (one model per agent); 'centralized' raises."}
+        default="decentralized",
+        metadata={"help": "'decentralized' (one model per agent) or 'centralized' (one model writes every role)."},
     )
     preference_num_candidates: int = field(default=80, metadata={"help": "Joint candidates per item for pairs (K)."})
     preference_pairs_per_sample: int | None = field(
@@ -282,7 +304,19 @@ class MARLHFConfig(MAGRPOConfig):
 
     def __post_init__(self):
         self._check_marlhf_fields()
-        super().__post_init__()
+        if self.collaboration_mode != "centralized":
+            super().__post_init__()
+            return
+        # One actor writes every role: everything the host reads per agent (devices, learning rates, ...) is the one
+        # model's, and `num_agents` stays the role count, as in CoMLRL.
+        roles = self.num_agents
+        if roles is None or roles < 1:
+            raise ValueError(f"`num_agents` (the number of roles) must be at least 1, got {roles}.")
+        self.num_agents = 1
+        try:
+            super().__post_init__()
+        finally:
+            self.num_agents = roles
 
     def _check_marlhf_fields(self) -> None:
         """CoMLRL 1.4.3's checks of `MARLHFConfig` and of MADPO's fields, and what this port does not support,
@@ -359,10 +393,20 @@ class MARLHFConfig(MAGRPOConfig):
                 f"`collaboration_mode` must be 'decentralized' or 'centralized', got {self.collaboration_mode!r}."
             )
         if collaboration == "centralized":
-            raise NotImplementedError(
-                "`collaboration_mode='centralized'` (one actor writing every role) is not ported to MARLHF yet: use "
-                "`collaboration_mode='decentralized'`."
-            )
+            if actor_critic:
+                raise NotImplementedError(
+                    f"`collaboration_mode='centralized'` with `rl_algorithm={algorithm!r}` is not ported: the "
+                    f"centralized team trains online with the MAGRPO family ({list(RL_ALGORITHMS)}); use one of "
+                    "those, or `collaboration_mode='decentralized'` for the actor-critic back-ends."
+                )
+            # CoMLRL's checks of the iterative configs' comparator fields, where they exist.
+            if getattr(self, "comparator_centralized_agent_index", 0) != 0:
+                raise ValueError(
+                    "Centralized collaboration has one actor: `comparator_centralized_agent_index` must be 0, got "
+                    f"{self.comparator_centralized_agent_index}."
+                )
+            if hasattr(self, "comparator_generation_mode"):
+                self.comparator_generation_mode = "centralized"
         self.collaboration_mode = collaboration
         if self.num_turns != 1:
             raise ValueError(f"MARLHF supports `num_turns=1` only (as CoMLRL 1.4.3), got {self.num_turns}.")
@@ -433,7 +477,12 @@ class MARLHFTrainer(MAGRPOTrainer):
             As in `MAGRPOTrainer`. `reward_func` (with `reward_processor`) is the task reward: it ranks the
             preference candidates and scores evaluation; training uses the reward model.
         args (`MARLHFConfig`, *optional*): `None` uses `MARLHFConfig()`.
-        centralized_comparator_adapter (*optional*): CoMLRL's centralized mode, not ported: giving it raises.
+        centralized_comparator_adapter (*optional*):
+            With `collaboration_mode="centralized"`: builds the joint prompt from the role formatters and splits the
+            joint completion into the roles (`build_prompt(item, role_prompts)`, `parse_completion(completion, item,
+            num_agents)`); `None` is `TaggedCentralizedComparatorAdapter()`, as in CoMLRL. Checked in either mode,
+            used only in centralized mode, which takes one model (`agent_model`, or `agents` of one) and one
+            tokenizer.
         critic_model (`str` or model, *optional*), critics (list, *optional*):
             The critics of `rl_algorithm="iac"`/`"maac"` (IAC: one per agent; MAAC: one), as `IACTrainer`'s;
             without them `critic_model_name`, else the agents' model.
@@ -478,12 +527,29 @@ class MARLHFTrainer(MAGRPOTrainer):
         args = args if args is not None else self.default_config_cls()
         if not isinstance(args, MARLHFConfig):
             raise TypeError(f"`args` is a {type(args).__name__}; MARLHFTrainer needs a MARLHFConfig.")
-        if centralized_comparator_adapter is not None:
-            raise NotImplementedError(
-                "`centralized_comparator_adapter` serves `collaboration_mode='centralized'`, which is not ported to "
-                "MARLHF yet: drop it and train decentralized agents."
-            )
+        # CoMLRL checks the adapter (its default: the tagged one) in either mode, and uses it in centralized mode.
+        adapter = centralized_comparator_adapter
+        adapter = TaggedCentralizedComparatorAdapter() if adapter is None else adapter
+        check_adapter(adapter, "centralized_comparator_adapter")
+        self.centralized_comparator_adapter = adapter
+        self.centralized_collaboration: CentralizedCollaboration | None = None
+        self.num_roles = num_agents
         self._check_online_arguments(args, metrics_callback, critic_model, critics, eval_logger, kwargs)
+        if args.collaboration_mode == "centralized":
+            agents = _one_of("model", kwargs.pop("model", None), "agents", agents)
+            agents, tokenizer = _one_actor(agents, tokenizer, num_agents, "MARLHF")
+            reward_func = _one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", reward_func)
+            if not callable(reward_func):
+                raise ValueError(f"`reward_func` must be one callable (the roles' joint reward), got {reward_func!r}.")
+            if num_agents != args.num_agents:
+                raise ValueError(
+                    f"`num_agents={num_agents}` (the number of roles) must equal `args.num_agents={args.num_agents}`."
+                )
+            self.centralized_collaboration = CentralizedCollaboration(adapter, formatters, reward_func, num_agents)
+            formatters, reward_func = self.centralized_collaboration.build_prompt, self.centralized_collaboration
+            # The host trains one model: its config says one agent; the user's config keeps the role count.
+            args = copy.copy(args)
+            args.num_agents = num_agents = 1
         if reward_model is not None and not isinstance(reward_model, JointRewardModel):
             raise TypeError(
                 f"`reward_model` must be a multiagent_trl JointRewardModel, got {type(reward_model).__name__}."
@@ -749,6 +815,13 @@ class MARLHFTrainer(MAGRPOTrainer):
             reward_processor=None,
         ):
             return super()._generate_and_score_completions(inputs)
+
+    def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
+        """MAGRPO's evaluation metrics; in centralized mode `eval_logger` gets the roles' outputs `[role][row][turn]`
+        (the joint completions split by the adapter), as CoMLRL's."""
+        if self.centralized_collaboration is not None:
+            trajectories = role_trajectories(self.centralized_collaboration, trajectories)
+        return super().trajectory_metrics(trajectories)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The agents (`output_dir/agent_i/`, as `MAGRPOTrainer`) and, once trained, the reward model

@@ -436,18 +436,18 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
         return [name for name, _ in model.named_parameters()]
 
 
-def _one_actor(agents, tokenizer, num_roles: int):
+def _one_actor(agents, tokenizer, num_roles: int, algorithm: str = "MADPO"):
     """Centralized mode's one model and tokenizer, each unwrapped from a list of one (CoMLRL accepts those)."""
     if isinstance(agents, (list, tuple)):
         if len(agents) != 1:
             raise ValueError(
-                f"Centralized MADPO trains exactly one actor model (it writes all {num_roles} roles); got "
+                f"Centralized {algorithm} trains exactly one actor model (it writes all {num_roles} roles); got "
                 f"{len(agents)} in `agents`."
             )
         agents = agents[0]
     if isinstance(tokenizer, (list, tuple)):
         if len(tokenizer) != 1:
-            raise ValueError(f"Centralized MADPO has one actor model and one tokenizer; got {len(tokenizer)}.")
+            raise ValueError(f"Centralized {algorithm} has one actor model and one tokenizer; got {len(tokenizer)}.")
         tokenizer = tokenizer[0]
     return agents, tokenizer
 
