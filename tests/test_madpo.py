@@ -252,6 +252,33 @@ def test_equal_rewards_raise_no_preference_pair(tmp_path):
         trainer.train()
 
 
+def test_a_batch_without_pairs_after_pairs_trains_nothing_and_goes_on(tmp_path, caplog):
+    """Once pairs were found, a generation batch where every candidate ties (the agents agree, e.g. converged) trains
+    nothing and is logged, instead of stopping the run."""
+    calls = []
+
+    def graded_then_flat(completions1, completions2):
+        calls.append(1)
+        if len(calls) == 1:
+            return [float(len(a)) + 0.1 * k for k, a in enumerate(completions1)]
+        return [1.0] * len(completions1)
+
+    trainer = MultiAgentDPOTrainer(
+        model=tiny_model_path(),
+        reward_funcs=graded_then_flat,
+        args=native_args(tmp_path, max_steps=2, steps_per_generation=1),
+        train_dataset=Dataset.from_dict(DATASET),
+    )
+    before = snapshot(trainer.model)
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    assert trainer.state.global_step == 2 and len(calls) == 2
+    first, second = trainer.state.log_history[:2]
+    assert first["pairs/count"] > 0 and second["pairs/count"] == 0 and second["pairs/trained"] == 0
+    assert "no preference pair in this generation batch" in caplog.text
+    assert changed(before, trainer.model)  # the first batch trained
+
+
 DDP_SCRIPT = """
 import json, sys
 from datasets import Dataset

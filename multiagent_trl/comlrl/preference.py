@@ -27,8 +27,9 @@ Deliberate differences from CoMLRL 1.4.3, and why:
 2. The last completion token is scored (the end token, or the last word of a completion cut at `max_new_tokens`);
    CoMLRL's decentralized MADPO leaves it out, and a one-token completion then has no gradient. `drop_last_token=True`
    reproduces CoMLRL's scoring (the parity tests use it).
-3. A generation batch without any pair (every candidate of every item got the same reward) raises with the fix;
-   CoMLRL prints a line and trains on nothing.
+3. When no generation batch has held a pair yet (every candidate of every item got the same reward), training
+   raises with the fix; CoMLRL prints a line and trains on nothing. Once pairs were found, a batch without any (the
+   agents converged on one answer) trains nothing and logs a warning.
 4. Batches: a generation batch's pairs (`preference_pairs_per_sample` slots per item, empty slots weighted 0) are
    shuffled and split into `ceil(rollout_buffer_size * pairs / train_batch_size)` optimizer steps, so a step holds
    `train_batch_size` pair slots on average (CoMLRL: exactly `train_batch_size` pairs, the last batch shorter).

@@ -7,8 +7,9 @@ How one generation batch flows:
    `num_generations` completions per prompt, and the joint reward scores the K aligned joint candidates (the core's
    `reward_funcs`, `reward_weights`, `reward_processor`).
 2. `select_pairs` picks `(winner, loser)` joint candidates per prompt (`pair_selection`,
-   `preference_pairs_per_sample`); the same index is winner (or loser) for every agent. A generation batch without
-   any pair raises (`check_pair_set`) instead of training on nothing.
+   `preference_pairs_per_sample`); the same index is winner (or loser) for every agent. When the first generation
+   batches have no pair at all, training raises (`check_pair_set`) instead of training on nothing; once pairs were
+   found, a batch without any (the policies agree everywhere, e.g. once converged) trains nothing and is logged.
 3. The batch handed to TRL's step machinery has one row per pair: per agent, `prompt + chosen` and `prompt +
    rejected` token rows (right-padded, `pack_rows`) with the mask of the scored tokens, and, with a reference, the
    reference's log-probabilities of both. Every prompt gets `pairs_per_prompt` rows (the count rounded up to a
@@ -26,6 +27,7 @@ evaluation.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -40,6 +42,8 @@ from ..trainer import MultiAgentGRPOTrainer
 from .config import MultiAgentDPOConfig
 from .losses import joint_dpo_losses, pack_rows, preference_logratios, sequence_logprobs, trim_completion
 from .pairs import check_pair_set, select_pairs
+
+logger = logging.getLogger(__name__)
 
 SIDES = ("chosen", "rejected")
 
@@ -87,6 +91,7 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
 
     _tag_names = ["trl", "dpo", "multiagent-trl", "madpo"]
     _name = "MADPO"
+    _found_pairs = False  # whether a training batch of this run held a pair yet
 
     def __init__(
         self,
@@ -183,7 +188,15 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
                 pairs += [(n, w, lose) for w, lose in selected]
         total = int(self.accelerator.gather(torch.tensor([len(pairs)], device=device)).sum())
         items = int(self.accelerator.gather(torch.tensor([nodes], device=device)).sum())
-        check_pair_set(total, items, width, args.pair_selection)
+        if total == 0 and not self._found_pairs:  # nothing to learn from since the start: say what to change
+            check_pair_set(total, items, width, args.pair_selection)
+        if total == 0:  # the policies agree on every prompt now (e.g. converged): this batch trains nothing
+            logger.warning(
+                "MADPO: no preference pair in this generation batch (every prompt's %d candidates got the same "
+                "reward); it trains nothing. Training goes on with the next batch.",
+                width,
+            )
+        self._found_pairs = self._found_pairs or total > 0
 
         # A fixed number of rows: `pairs_per_prompt` per prompt, rounded up to whole optimizer steps.
         steps = args.steps_per_generation
@@ -266,8 +279,9 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
         count, chosen, rejected = self.accelerator.gather(sums[None]).sum(dim=0).tolist()
         metrics = self._metrics["train"]
         metrics["pairs/count"].append(count)
-        metrics["pairs/chosen_reward"].append(chosen / count)
-        metrics["pairs/rejected_reward"].append(rejected / count)
+        if count:
+            metrics["pairs/chosen_reward"].append(chosen / count)
+            metrics["pairs/rejected_reward"].append(rejected / count)
 
     # ------------------------------------------------------------------ loss
 
