@@ -305,6 +305,17 @@ class IterativePairs:
     reward_range: tuple[float, float] | None
 
     @classmethod
+    def _given_config(cls, args: tuple, kwargs: dict):
+        """The config passed to the constructor (CoMLRL's `args`, 15th by position), checked for the trainer's kind;
+        `None` when none was given (the trainer then builds `default_config_cls()`)."""
+        config = kwargs.get("args") if "args" in kwargs else (args[14] if len(args) > 14 else None)
+        if config is not None and not isinstance(config, cls.default_config_cls):
+            raise TypeError(
+                f"`args` is a {type(config).__name__}; {cls.__name__} needs a {cls.default_config_cls.__name__}."
+            )
+        return config
+
+    @classmethod
     def _reward_bounds(cls, config, args: tuple, kwargs: dict) -> tuple[float, float] | None:
         """The task reward's `reward_range`, which `log_reward_distribution` needs (checked before anything loads)."""
         if not (config or cls.default_config_cls).log_reward_distribution:
@@ -478,10 +489,7 @@ class MADPOIterTrainer(IterativePairs, MADPOTrainer):
     algorithm_name = "MADPOIter"
 
     def __init__(self, *args, **kwargs):
-        config = kwargs.get("args") if "args" in kwargs else (args[14] if len(args) > 14 else None)
-        if config is not None and not isinstance(config, MADPOIterConfig):  # None: `default_config_cls()`
-            raise TypeError(f"`args` is a {type(config).__name__}; MADPOIterTrainer needs a MADPOIterConfig.")
-        bounds = self._reward_bounds(config, args, kwargs)
+        bounds = self._reward_bounds(self._given_config(args, kwargs), args, kwargs)
         super().__init__(*args, **kwargs)
         self._init_iterations(bounds, "MADPOTrainer")
 

@@ -179,10 +179,7 @@ class MARLHFIterTrainer(IterativePairs, MARLHFTrainer):
     algorithm_name = "MARLHFIter"
 
     def __init__(self, *args, **kwargs):
-        config = kwargs.get("args") if "args" in kwargs else (args[14] if len(args) > 14 else None)
-        if config is not None and not isinstance(config, MARLHFIterConfig):  # None: `default_config_cls()`
-            raise TypeError(f"`args` is a {type(config).__name__}; MARLHFIterTrainer needs a MARLHFIterConfig.")
-        bounds = self._reward_bounds(config, args, kwargs)
+        bounds = self._reward_bounds(self._given_config(args, kwargs), args, kwargs)
         super().__init__(*args, **kwargs)
         self._init_iterations(bounds, "MARLHFTrainer")
         # The reward model's start of every iteration: its trainable parameters (frozen ones never change).
