@@ -250,23 +250,24 @@ class MADPOIterConfig(IterativePreferenceFields, MADPOConfig):
             `"comparator_reward"`, `"reward_gap"`, `"random"` or `"all"` (see `preference.replay.comparison_pairs`).
         preference_replay_mode (`str`, defaults to `"current"`):
             `"current"`, `"nearest_k"`, `"all_history"` or `"lambda_decay"` (CoMLRL's aliases accepted).
-        preference_replay_k (`int`, required by `nearest_k`), preference_replay_lambda (`float` in [0, 1], required
-        by `lambda_decay`), preference_replay_sample_size (`int`, replay modes only; default: this iteration's pair
-        count): the replay's settings.
+        preference_replay_k (`int`, required by `nearest_k`): the newest shards `nearest_k` draws from.
+        preference_replay_lambda (`float` in [0, 1], required by `lambda_decay`): the shards' age decay.
+        preference_replay_sample_size (`int`, *optional*): pairs drawn (default: this iteration's pair count).
         preference_replay_dir (`str`, *optional*): where shards go (default `output_dir/preference_replay`).
         log_reward_distribution (`bool`, defaults to `False`): reward distribution metrics per iteration (needs
             `reward_func.reward_range`).
         policy_checkpoint_dir (`str`, *optional*): save the agents after each iteration there (and the initial ones).
         comparator_policy (`str`, defaults to `"current"`): `"current"` or `"current_copy"`; `"model"`, `"history"`
             and `"api"` raise `NotImplementedError`.
-        comparator_generation_mode (`"decentralized"`), comparator_centralized_agent_index (`0`),
-        comparator_model_name, comparator_agents, comparator_devices, comparator_num_candidates (K' , default K),
-        comparator_history_k: the comparator's settings, checked as CoMLRL checks them.
-        comparator_api_url, comparator_api_format (`"generic"`), comparator_api_model,
-        comparator_api_max_n_per_request, comparator_api_timeout (`120.0`), comparator_api_headers,
-        comparator_api_key, comparator_api_key_env, comparator_api_key_header (`"Authorization"`),
-        comparator_api_key_prefix (`"Bearer"`), comparator_api_response_field (`"completions"`),
-        comparator_api_extra_body: CoMLRL's HTTP comparator, accepted and checked; `comparator_policy="api"` raises.
+
+    The comparator's other settings, checked as CoMLRL checks them: `comparator_generation_mode`
+    (`"decentralized"`), `comparator_centralized_agent_index` (`0`), `comparator_model_name`, `comparator_agents`,
+    `comparator_devices`, `comparator_num_candidates` (K', default K) and `comparator_history_k`. CoMLRL's HTTP
+    comparator fields (`comparator_api_url`, `comparator_api_format` (`"generic"`), `comparator_api_model`,
+    `comparator_api_max_n_per_request`, `comparator_api_timeout` (`120.0`), `comparator_api_headers`,
+    `comparator_api_key`, `comparator_api_key_env`, `comparator_api_key_header` (`"Authorization"`),
+    `comparator_api_key_prefix` (`"Bearer"`), `comparator_api_response_field` (`"completions"`),
+    `comparator_api_extra_body`) are accepted and checked; `comparator_policy="api"` raises.
     """
 
     output_dir: str | None = field(default="madpo_iter_output", metadata={"help": "Where outputs go."})

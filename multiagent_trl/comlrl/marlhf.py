@@ -471,11 +471,12 @@ class MARLHFTrainer(MAGRPOTrainer):
     model trained on them, then MAGRPO's port trained online on the reward model's scores (see the module
     docstring for the steps and the differences from CoMLRL).
 
+    `agent_model`, `agents`, `num_agents`, `tokenizer`, `model_config`, `train_dataset`, `eval_dataset`,
+    `reward_func`, `reward_processor`, `formatters`, `external_transition`, `wandb_config`, `eval_logger` and
+    `eval_aggregator` are as in `MAGRPOTrainer`; `reward_func` (with `reward_processor`) is the task reward: it ranks
+    the preference candidates and scores evaluation; training uses the reward model.
+
     Args:
-        agent_model, agents, num_agents, tokenizer, model_config, train_dataset, eval_dataset, reward_func,
-        reward_processor, formatters, external_transition, wandb_config, eval_logger, eval_aggregator:
-            As in `MAGRPOTrainer`. `reward_func` (with `reward_processor`) is the task reward: it ranks the
-            preference candidates and scores evaluation; training uses the reward model.
         args (`MARLHFConfig`, *optional*): `None` uses `MARLHFConfig()`.
         centralized_comparator_adapter (*optional*):
             With `collaboration_mode="centralized"`: builds the joint prompt from the role formatters and splits the

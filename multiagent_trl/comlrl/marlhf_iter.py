@@ -107,14 +107,14 @@ class MARLHFIterConfig(IterativePreferenceFields, MARLHFConfig):
             What ranks the candidates: `"task"` (the task reward with `reward_processor`, every iteration) or
             `"reward_model"` (the previous iteration's reward model, raw, from the second iteration on; the first
             uses the task reward). CoMLRL's aliases (`oracle`, `environment`, `env`; `model`, `learned`) accepted.
-        preference_replay_mode, preference_replay_k, preference_replay_lambda, preference_replay_sample_size,
-        preference_replay_dir, log_reward_distribution, policy_checkpoint_dir, comparator_policy,
-        comparator_generation_mode, comparator_centralized_agent_index, comparator_model_name, comparator_agents,
-        comparator_devices, comparator_num_candidates, comparator_history_k, comparator_api_*:
-            The iterative fields, as in `MADPOIterConfig` (same defaults, checks and unsupported values).
 
-    Every other field is `MARLHFConfig`'s (the reward model's `reward_*` fields, `rl_algorithm`, `num_generations`
-    for the online phase, ...).
+    The iterative fields (`preference_replay_mode`, `preference_replay_k`, `preference_replay_lambda`,
+    `preference_replay_sample_size`, `preference_replay_dir`, `log_reward_distribution`, `policy_checkpoint_dir`,
+    `comparator_policy`, `comparator_generation_mode`, `comparator_centralized_agent_index`, `comparator_model_name`,
+    `comparator_agents`, `comparator_devices`, `comparator_num_candidates`, `comparator_history_k`,
+    `comparator_api_*`) are as in `MADPOIterConfig` (same defaults, checks and unsupported values). Every other
+    field is `MARLHFConfig`'s (the reward model's `reward_*` fields, `rl_algorithm`, `num_generations` for the online
+    phase, ...).
     """
 
     output_dir: str | None = field(default="marlhf_iter_output", metadata={"help": "Where outputs go."})

@@ -110,8 +110,8 @@ class MADPOConfig(MultiAgentDPOConfig):
         max_new_tokens (`int`, *optional*, defaults to `256`): maps to `max_completion_length`.
         preference_num_candidates (`int`, *optional*, defaults to `80`):
             K, the joint candidates sampled per item (at least 2); maps to `num_generations`.
-        preference_pairs_per_sample (`int` or `None`, defaults to `16`), pair_selection (`"reward_gap"`),
-        dpo_beta (`0.1`): as in `MultiAgentDPOConfig`.
+        preference_pairs_per_sample, pair_selection, dpo_beta (defaults `16`, `"reward_gap"`, `0.1`):
+            As in `MultiAgentDPOConfig`.
         rollout_buffer_size (`int`, *optional*, defaults to `2`):
             Items per generation batch (each with K candidates per agent).
         train_batch_size (`int` or `None`, *optional*, defaults to `None`):
@@ -127,10 +127,10 @@ class MADPOConfig(MultiAgentDPOConfig):
         eval_interval (`16`), eval_num_samples (`4`), eval_batch_size (`1`):
             Evaluate every `eval_interval` optimizer steps and before training, on the first `eval_num_samples` rows,
             one completion each.
-        num_turns (`1`, must stay 1), joint_mode (`"aligned"`, must stay), discount (`1.0`),
-        early_termination_threshold (`None`), external_prompt_passthrough (`False`), advantage_normalization
-        (`True`), advantage_mode (`"mean"`): MAGRPO's fields, accepted as CoMLRL accepts them; MADPO does not use
-        them (a warning when one is set to another value).
+        num_turns, joint_mode (defaults `1`, `"aligned"`): must keep their defaults.
+        discount, early_termination_threshold, external_prompt_passthrough (defaults `1.0`, `None`, `False`):
+            MAGRPO's fields, accepted as CoMLRL accepts them; MADPO does not use them (a warning when one is set to
+            another value). The same holds for `advantage_normalization` (`True`) and `advantage_mode` (`"mean"`).
         reference_kl_enabled (`False`; `True` raises), reference_kl_coef (`0.1`), reference_devices (`None`):
             CoMLRL's unused reference-KL fields (see difference 7).
         use_environment_step (`True`), environment_steps_per_pair (`2`): CoMLRL's W&B x-axis (difference 5).
@@ -338,11 +338,12 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
     argument handling, reward calling, evaluation, checkpoint arguments and saving of MAGRPO's port
     (`reinforce.MAGRPOTrainer`).
 
+    `agent_model`, `agents`, `num_agents`, `tokenizer`, `model_config`, `train_dataset`, `eval_dataset`,
+    `reward_func`, `reward_processor`, `formatters`, `external_transition`, `wandb_config`, `eval_logger` and
+    `eval_aggregator` are as in `MAGRPOTrainer` (the constructor's `num_agents` sets the team size, as in CoMLRL);
+    `reward_func` is called once per joint candidate, with one-element lists, as CoMLRL calls it.
+
     Args:
-        agent_model, agents, num_agents, tokenizer, model_config, train_dataset, eval_dataset, reward_func,
-        reward_processor, formatters, external_transition, wandb_config, eval_logger, eval_aggregator:
-            As in `MAGRPOTrainer` (the constructor's `num_agents` sets the team size, as in CoMLRL). `reward_func` is
-            called once per joint candidate, with one-element lists, as CoMLRL calls it.
         args (`MADPOConfig`, *optional*): `None` uses `MADPOConfig()`.
         centralized_comparator_adapter (*optional*):
             With `collaboration_mode="centralized"`: builds the joint prompt and splits the joint completion into the
