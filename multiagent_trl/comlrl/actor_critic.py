@@ -44,6 +44,8 @@ from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead
 from ..rewards.joint import bind_reward
 from ..rollout.turns import Transition
 from .reinforce import (
+    PARALLEL_TRAINING,
+    CoMLRLOptimization,
     MAGRPOTrainer,
     _agent_sources,
     _apply_model_config,
@@ -52,32 +54,22 @@ from .reinforce import (
     _CheckpointEveryEpochs,
     _comlrl_batch_size,
     _device_list,
+    decay_every_parameter,
     training_data,
 )
 
-PARALLEL_TRAINING = ("none", "mp")
 # `model_config` keys the actor-critic trainers read beside MAGRPO's.
 CRITIC_MODEL_CONFIG_KEYS = ("critic_model_kwargs", "critic_value_head_hidden_dim")
 
 
 @dataclass
-class _ActorCriticFields(ActorCriticConfig):
+class _ActorCriticFields(CoMLRLOptimization, ActorCriticConfig):
     """The fields IAC and MAAC share, with CoMLRL 1.4.3's defaults, and their mapping onto the core."""
 
     output_dir: str | None = field(default="ac_output", metadata={"help": "Where checkpoints and logs go."})
-    save_strategy: str = field(default="no", metadata={"help": "Checkpoints (CoMLRL: asked for in train())."})
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Recompute activations in the backward (CoMLRL: no)."}
-    )
-    # CoMLRL's optimizer and schedule: torch's AdamW (weight decay 0.01 on every parameter), constant, no clipping.
-    optim: str = field(default="adamw_torch", metadata={"help": "Optimizer (CoMLRL: torch.optim.AdamW)."})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (torch's default, CoMLRL's)."})
-    lr_scheduler_type: str = field(default="constant", metadata={"help": "Learning-rate schedule (CoMLRL: none)."})
-    max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping; 0 disables it (CoMLRL: none)."})
     loss_type: str = field(
         default="luspo", metadata={"help": "TRL loss; 'luspo' at ratio 1 is CoMLRL's mean(-logp * A) gradient."}
     )
-    shuffle_dataset: bool = field(default=False, metadata={"help": "Shuffle the dataset (CoMLRL: dataset order)."})
     disable_dropout: bool = field(default=True, metadata={"help": "No dropout (CoMLRL's models stay in eval mode)."})
 
     agent_learning_rate: float = field(default=5e-6, metadata={"help": "Learning rate of every agent."})
@@ -752,9 +744,7 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
 
     # ------------------------------------------------------------------ CoMLRL's entry points
 
-    def get_decay_parameter_names(self, model) -> list[str]:
-        """Every parameter: CoMLRL's AdamW decays them all (Trainer exempts biases and norms)."""
-        return [name for name, _ in model.named_parameters()]
+    get_decay_parameter_names = decay_every_parameter  # CoMLRL's AdamW decays every parameter
 
     def train(
         self,

@@ -75,11 +75,13 @@ from ..rollout.evaluation import EvalTrajectories
 from .centralized import role_trajectories
 from .reinforce import (
     PARALLEL_TRAINING,
+    CoMLRLOptimization,
     MAGRPOTrainer,
     _check_accelerate_device,
     _comlrl_batch_size,
     _device_list,
     _one_of,
+    decay_every_parameter,
 )
 
 logger = logging.getLogger(__name__)
@@ -101,7 +103,7 @@ UNUSED_FIELDS = {
 
 
 @dataclass
-class MADPOConfig(MultiAgentDPOConfig):
+class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
     r"""
     `MultiAgentDPOConfig` accepting every field of CoMLRL 1.4.3's `MADPOConfig`, with its defaults and checks.
 
@@ -141,15 +143,6 @@ class MADPOConfig(MultiAgentDPOConfig):
     """
 
     output_dir: str | None = field(default="madpo_output", metadata={"help": "Where checkpoints and logs go."})
-    save_strategy: str = field(default="no", metadata={"help": "Checkpoints (CoMLRL: asked for in train())."})
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Recompute activations in the backward (CoMLRL: no)."}
-    )
-    optim: str = field(default="adamw_torch", metadata={"help": "Optimizer (CoMLRL: torch.optim.AdamW)."})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (torch's default, CoMLRL's)."})
-    lr_scheduler_type: str = field(default="constant", metadata={"help": "Learning-rate schedule (CoMLRL: none)."})
-    max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping; 0 disables it (CoMLRL: none)."})
-    shuffle_dataset: bool = field(default=False, metadata={"help": "Shuffle the dataset (CoMLRL: dataset order)."})
 
     # CoMLRL 1.4.3's fields, in its order.
     num_train_epochs: float = field(default=20, metadata={"help": "Passes over the dataset."})
@@ -433,9 +426,7 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
             trajectories = role_trajectories(self.centralized_collaboration, trajectories)
         return super().trajectory_metrics(trajectories)
 
-    def get_decay_parameter_names(self, model) -> list[str]:
-        """Every parameter: CoMLRL's AdamW decays them all (Trainer exempts biases and norms)."""
-        return [name for name, _ in model.named_parameters()]
+    get_decay_parameter_names = decay_every_parameter  # CoMLRL's AdamW decays every parameter
 
 
 def _one_actor(agents, tokenizer, num_roles: int, algorithm: str = "MADPO"):

@@ -316,6 +316,30 @@ MAGRPOConfig.train_batch_size = _comlrl_batch_size("train_batch_size")
 MAGRPOConfig.eval_batch_size = _comlrl_batch_size("eval_batch_size")
 
 
+@dataclass
+class CoMLRLOptimization:
+    """The training settings of CoMLRL's actor-critic and preference trainers, as config fields with CoMLRL's values:
+    torch's AdamW with weight decay 0.01 (on every parameter: `decay_every_parameter`), a constant learning rate, no
+    gradient clipping, the dataset in order, activations kept, checkpoints only when `train()` asks for them. Listed
+    before the core config among a config's bases, so that these defaults win."""
+
+    save_strategy: str = field(default="no", metadata={"help": "Checkpoints (CoMLRL: asked for in train())."})
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute activations in the backward (CoMLRL: no)."}
+    )
+    optim: str = field(default="adamw_torch", metadata={"help": "Optimizer (CoMLRL: torch.optim.AdamW)."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (torch's default, CoMLRL's)."})
+    lr_scheduler_type: str = field(default="constant", metadata={"help": "Learning-rate schedule (CoMLRL: none)."})
+    max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping; 0 disables it (CoMLRL: none)."})
+    shuffle_dataset: bool = field(default=False, metadata={"help": "Shuffle the dataset (CoMLRL: dataset order)."})
+
+
+def decay_every_parameter(trainer, model) -> list[str]:
+    """`Trainer.get_decay_parameter_names` as CoMLRL's AdamW has it: every parameter decays (Trainer exempts biases
+    and norms)."""
+    return [name for name, _ in model.named_parameters()]
+
+
 def _device_list(spec, num_agents: int, name: str) -> list[str]:
     """CoMLRL's device specification (one device, a list of one or `num_agents`, or `"auto"`) as one per agent."""
     if spec is None or (isinstance(spec, str) and spec.lower() == "auto"):
