@@ -21,12 +21,8 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from multiagent_trl import JointRewardModel, MARLHFConfig, MARLHFTrainer, MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 from multiagent_trl.preference.reward_model import REWARD_HEAD_FILE
-from multiagent_trl.preference.reward_training import (
-    JointPreferencePair,
-    collect_preference_pairs,
-    pairs_from_candidates,
-    train_reward_model,
-)
+from multiagent_trl.preference.reward_training import JointPreferencePair, pairs_from_candidates, train_reward_model
+from multiagent_trl.preference.sampling import collect_preference_pairs
 from multiagent_trl.testing import tiny_model_path, tiny_tokenizer
 
 from .conftest import changed, small_args, snapshot

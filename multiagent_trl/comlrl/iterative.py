@@ -73,6 +73,7 @@ from ..preference.replay import (
     replay_selection,
     write_shard,
 )
+from ..preference.sampling import play_candidates
 from ..rewards.joint import reward_range
 from .preference import MADPOConfig, MADPOTrainer
 
@@ -422,10 +423,7 @@ class IterativePairs:
     def _candidates(self, items: list[dict], width: int) -> list[dict[str, Any]]:
         """Per item: each agent's prompt, its `width` completions (text and token ids), and the joint rewards of the
         aligned candidates (after the reward processor, and raw)."""
-        inputs = [item for item in items for _ in range(width)]
-        agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
-        with self._swap(num_generations=width):
-            level = self._play(inputs, agent_inputs, width, "train")[0]
+        level = play_candidates(self, items, width)
         processed = level.joint.view(-1, width)[: len(items)].tolist()
         per_func = level.rewards_per_func.to(self.reward_weights.device)  # (rows, F)
         raw = (per_func * self.reward_weights).nansum(dim=1).view(-1, width)[: len(items)].tolist()

@@ -13,7 +13,7 @@ A CoMLRL MARLHF script runs with only its import line changed:
 
 1. Pairs: the initial policies sample `preference_num_candidates` joint candidates per training item, the task reward
    (with `reward_processor`) scores them, CoMLRL's selection pairs them
-   (`preference.reward_training.collect_preference_pairs`).
+   (`preference.sampling.collect_preference_pairs`).
 2. Reward model: a `JointRewardModel` (the causal LM `reward_model_name`, or the agents' model, with a scalar head)
    trained with the Bradley-Terry loss (`train_reward_model`: AdamW, `reward_learning_rate`, weight decay 0.01,
    `reward_num_train_epochs` over shuffled batches of `reward_train_batch_size` pairs, texts cut at
@@ -101,7 +101,8 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..preference.pairs import PAIR_SELECTIONS
 from ..preference.reward_model import JointRewardModel
-from ..preference.reward_training import collect_preference_pairs, summarize, train_reward_model
+from ..preference.reward_training import summarize, train_reward_model
+from ..preference.sampling import collect_preference_pairs
 from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
 from ..rewards.joint import bind_joint_scorer
 from ..rollout.evaluation import EvalTrajectories

@@ -1,14 +1,16 @@
 """The preference family (CoMLRL's MADPO and MARLHF): pair selection from a joint reward (`pairs`), MADPO's
 joint-factorised DPO loss and the Bradley-Terry reward-model loss (`losses`), MARLHF's joint reward model
 (`reward_model`), each checked against CoMLRL 1.4.3's own code in `tests/test_preference_math.py`, MARLHF's
-reward-model stage (`reward_training`: pairs from a team's task reward, Bradley-Terry training), and the trainer
+reward-model stage (`reward_training`: pairs of joint samples, Bradley-Terry training; `sampling` draws the pairs
+from a team's task reward), and the trainer
 that holds state and calls them: `MultiAgentDPOConfig` / `MultiAgentDPOTrainer` (`config`, `trainer`). CoMLRL's names
 (`MADPOConfig`, `MADPOTrainer`, `MARLHFConfig`, `MARLHFTrainer`) are in `multiagent_trl.comlrl`.
 """
 
 from .config import MultiAgentDPOConfig
 from .reward_model import JointRewardModel, joint_text
-from .reward_training import JointPreferencePair, collect_preference_pairs, train_reward_model
+from .reward_training import JointPreferencePair, train_reward_model
+from .sampling import collect_preference_pairs
 from .trainer import MultiAgentDPOTrainer
 
 __all__ = [

@@ -1,7 +1,8 @@
 """MARLHF's reward-model stage, as CoMLRL 1.4.3 runs it: preference pairs of joint samples ranked by the task reward,
 then a `JointRewardModel` trained on them with the Bradley-Terry loss.
 
-1. Pairs (`pairs_from_candidates`, `collect_preference_pairs`): per item, K joint candidates (candidate k is every
+1. Pairs (`pairs_from_candidates`; `sampling.collect_preference_pairs` plays a team for them): per item, K joint
+   candidates (candidate k is every
    agent's k-th completion) scored by the task reward (with its `reward_processor`), then CoMLRL's selection
    (`pairs.select_pairs`: strict reward order, stable ties). A pair holds each agent's prompt and the winning and
    losing joint completions. A round without any pair raises (`pairs.check_pair_set`).
@@ -15,28 +16,21 @@ head, read at the last attended token), appends an end token to text and drops (
 `max_length`; with CoMLRL's settings (AdamW with weight decay 0.01 on every parameter, no schedule, no clipping, a
 fresh shuffle each epoch) what is left of it is the short loop below.
 
-`collect_preference_pairs` is the one step that needs a team trainer (it plays the team on the items); everything
-else takes and returns plain data.
+Everything here takes and returns plain data; drawing the candidates from a team trainer is `sampling`'s.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import DataLoader
 
-from ..team.views import metrics_aside
 from .losses import bradley_terry_loss
 from .pairs import check_pair_set, select_pairs
 from .reward_model import JointRewardModel, joint_text
-
-if TYPE_CHECKING:
-    from ..trainer import MultiAgentGRPOTrainer
 
 
 @dataclass(frozen=True)
@@ -96,81 +90,6 @@ def pairs_from_candidates(
         )
         for w, lose in select_pairs(rewards, pair_selection, pairs_per_sample, rng)
     ]
-
-
-def collect_preference_pairs(
-    trainer: MultiAgentGRPOTrainer,
-    dataset,
-    num_candidates: int,
-    pair_selection: str = "reward_gap",
-    pairs_per_sample: int | None = 16,
-    items_per_call: int = 1,
-) -> list[JointPreferencePair]:
-    """Play `trainer`'s team on every item of `dataset` and pair its joint samples by the trainer's reward.
-
-    Each agent samples `num_candidates` completions per item with the trainer's sampling settings (its own prompt
-    from the trainer's `formatters`), the trainer's reward functions score the K aligned joint samples (weighted and
-    passed through its `reward_processor`, as in training), and `pairs_from_candidates` pairs them. Items are split
-    over the processes and the pairs gathered, so that every process gets every pair, in dataset order.
-
-    Args:
-        trainer: A team trainer (`MultiAgentGRPOTrainer` or a subclass) holding the current policies and the task
-            reward. Its training metrics are left untouched.
-        dataset: The items (rows with a `"prompt"` column, or what the trainer's formatters read).
-        num_candidates: K, the joint candidates per item (at least 2).
-        pair_selection, pairs_per_sample: CoMLRL's selection (`pairs.select_pairs`).
-        items_per_call: Items generated together (K completions each); CoMLRL generates one item at a time.
-
-    Returns:
-        The pairs, item by item. Raises `ValueError` (`check_pair_set`) when no item gave a pair.
-    """
-    from accelerate.utils import gather_object
-
-    if num_candidates < 2:
-        raise ValueError(f"A pair needs two joint candidates: `num_candidates` must be >= 2, got {num_candidates}.")
-    if items_per_call < 1:
-        raise ValueError(f"`items_per_call` must be at least 1, got {items_per_call}.")
-    if trainer.args.num_turns != 1:
-        raise ValueError(f"Preference pairs come from one-turn episodes: `num_turns` is {trainer.args.num_turns}.")
-    rows = [dict(row) for row in dataset]
-    if not rows:
-        raise ValueError("No item to draw preference pairs from: the dataset is empty.")
-    accelerator = trainer.accelerator
-    rank, world = accelerator.process_index, accelerator.num_processes
-    local = rows[rank::world]
-    calls = math.ceil(math.ceil(len(rows) / world) / items_per_call)  # the same on every process (collectives)
-    pairs: list[JointPreferencePair] = []
-    metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-    training = trainer.model.training
-    trainer.model.train()
-    try:
-        with trainer._swap(_metrics=metrics), metrics_aside(trainer._agent_views), torch.no_grad():
-            for c in range(calls):
-                chunk = local[c * items_per_call : (c + 1) * items_per_call]
-                real = len(chunk)
-                chunk = chunk or rows[:1]  # a process out of items plays one and keeps nothing
-                inputs = [row for row in chunk for _ in range(num_candidates)]  # each item K times, as TRL's sampler
-                agent_inputs = [trainer._agent_inputs(inputs, i) for i in range(trainer.num_agents)]
-                level = trainer._play(inputs, agent_inputs, num_candidates, "train")[0]
-                nodes = len(level.nodes)
-                # (nodes, K): this process's items
-                rewards = level.joint.view(-1, num_candidates)[rank * nodes : (rank + 1) * nodes].tolist()
-                for n, node in enumerate(level.nodes[:real]):
-                    if node.placeholder:
-                        continue
-                    candidates = [
-                        tuple(rollout.completions[n * num_candidates + k] for rollout in level.rollouts)
-                        for k in range(num_candidates)
-                    ]
-                    pairs += pairs_from_candidates(
-                        node.prompts, candidates, rewards[n], pair_selection, pairs_per_sample
-                    )
-    finally:
-        trainer.model.train(training)
-    if world > 1:
-        pairs = [p for shard in gather_object([pairs]) for p in shard]
-    check_pair_set(len(pairs), len(rows), num_candidates, pair_selection)
-    return pairs
 
 
 # ---- 2. training
@@ -252,7 +171,6 @@ def summarize(history: Sequence[dict[str, float]], num_pairs: int) -> dict[str, 
 
 __all__ = [
     "JointPreferencePair",
-    "collect_preference_pairs",
     "pairs_from_candidates",
     "summarize",
     "train_reward_model",

@@ -1,0 +1,114 @@
+"""Drawing preference candidates from a team trainer: the one part of the preference family that plays a team
+(`MultiAgentGRPOTrainer` or a subclass) outside its training step. What it returns is plain data for `pairs`,
+`reward_training` and `replay`.
+
+- `play_candidates`: every agent's K completions of each row, and the joint rewards of the K aligned joint samples
+  (one turn of the team core, `MultiAgentGRPOTrainer._play`).
+- `collect_preference_pairs`: those candidates over a whole dataset, split over the processes, paired by CoMLRL's
+  selection (MARLHF's first stage), with what the sampling records kept out of the training logs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import torch
+from accelerate.utils import gather_object
+
+from ..rollout.tree import Level
+from ..team.views import metrics_aside
+from .pairs import check_pair_set
+from .reward_training import JointPreferencePair, pairs_from_candidates
+
+if TYPE_CHECKING:
+    from ..trainer import MultiAgentGRPOTrainer
+
+
+def play_candidates(trainer: MultiAgentGRPOTrainer, rows: list[dict], width: int) -> Level:
+    """One turn of `trainer`'s team on `rows`: each agent samples `width` completions per row (its own prompt from the
+    trainer's formatters), and the trainer's reward functions score the `width` aligned joint samples of each row.
+
+    Returns the played `rollout.tree.Level`: `level.rollouts[i]` holds agent i's completions (row n's at
+    `n * width ...`), `level.joint` the gathered joint rewards after the reward processor, `level.rewards_per_func`
+    the gathered raw rewards of each function.
+    """
+    inputs = [row for row in rows for _ in range(width)]  # each row `width` times, as TRL's sampler hands them over
+    agent_inputs = [trainer._agent_inputs(inputs, i) for i in range(trainer.num_agents)]
+    with trainer._swap(num_generations=width):
+        return trainer._play(inputs, agent_inputs, width, "train")[0]
+
+
+def collect_preference_pairs(
+    trainer: MultiAgentGRPOTrainer,
+    dataset,
+    num_candidates: int,
+    pair_selection: str = "reward_gap",
+    pairs_per_sample: int | None = 16,
+    items_per_call: int = 1,
+) -> list[JointPreferencePair]:
+    """Play `trainer`'s team on every item of `dataset` and pair its joint samples by the trainer's reward.
+
+    Each agent samples `num_candidates` completions per item with the trainer's sampling settings (its own prompt
+    from the trainer's `formatters`), the trainer's reward functions score the K aligned joint samples (weighted and
+    passed through its `reward_processor`, as in training), and `pairs_from_candidates` pairs them. Items are split
+    over the processes and the pairs gathered, so that every process gets every pair, in dataset order.
+
+    Args:
+        trainer: A team trainer (`MultiAgentGRPOTrainer` or a subclass) holding the current policies and the task
+            reward. Its training metrics are left untouched.
+        dataset: The items (rows with a `"prompt"` column, or what the trainer's formatters read).
+        num_candidates: K, the joint candidates per item (at least 2).
+        pair_selection, pairs_per_sample: CoMLRL's selection (`pairs.select_pairs`).
+        items_per_call: Items generated together (K completions each); CoMLRL generates one item at a time.
+
+    Returns:
+        The pairs, item by item. Raises `ValueError` (`check_pair_set`) when no item gave a pair.
+    """
+    if num_candidates < 2:
+        raise ValueError(f"A pair needs two joint candidates: `num_candidates` must be >= 2, got {num_candidates}.")
+    if items_per_call < 1:
+        raise ValueError(f"`items_per_call` must be at least 1, got {items_per_call}.")
+    if trainer.args.num_turns != 1:
+        raise ValueError(f"Preference pairs come from one-turn episodes: `num_turns` is {trainer.args.num_turns}.")
+    rows = [dict(row) for row in dataset]
+    if not rows:
+        raise ValueError("No item to draw preference pairs from: the dataset is empty.")
+    accelerator = trainer.accelerator
+    rank, world = accelerator.process_index, accelerator.num_processes
+    local = rows[rank::world]
+    calls = math.ceil(math.ceil(len(rows) / world) / items_per_call)  # the same on every process (collectives)
+    pairs: list[JointPreferencePair] = []
+    metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    training = trainer.model.training
+    trainer.model.train()
+    try:
+        with trainer._swap(_metrics=metrics), metrics_aside(trainer._agent_views), torch.no_grad():
+            for c in range(calls):
+                chunk = local[c * items_per_call : (c + 1) * items_per_call]
+                real = len(chunk)
+                chunk = chunk or rows[:1]  # a process out of items plays one and keeps nothing
+                level = play_candidates(trainer, chunk, num_candidates)
+                nodes = len(level.nodes)
+                # (nodes, K): this process's items
+                rewards = level.joint.view(-1, num_candidates)[rank * nodes : (rank + 1) * nodes].tolist()
+                for n, node in enumerate(level.nodes[:real]):
+                    if node.placeholder:
+                        continue
+                    candidates = [
+                        tuple(rollout.completions[n * num_candidates + k] for rollout in level.rollouts)
+                        for k in range(num_candidates)
+                    ]
+                    pairs += pairs_from_candidates(
+                        node.prompts, candidates, rewards[n], pair_selection, pairs_per_sample
+                    )
+    finally:
+        trainer.model.train(training)
+    if world > 1:
+        pairs = [p for shard in gather_object([pairs]) for p in shard]
+    check_pair_set(len(pairs), len(rows), num_candidates, pair_selection)
+    return pairs
+
+
+__all__ = ["collect_preference_pairs", "play_candidates"]
