@@ -1,4 +1,4 @@
-"""A CoMLRL 1.4.3 training script in CoMLRL's own style, for the parity check of issue 10.
+"""A CoMLRL 1.4.3 training script in CoMLRL's own style, for the parity check of the CoMLRL layer.
 
 It uses every `MAGRPOConfig` field and `MAGRPOTrainer` argument that CoMLRL's downstream projects use
 (`parallel_training`, `agent_devices`, `train_batch_size`, `eval_num_samples`, `eval_batch_size`, `top_k=None`,

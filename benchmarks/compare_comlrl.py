@@ -34,7 +34,7 @@ wrapper). The table gives the mean scaled joint reward (x100) against the number
 per agent) seen so far, averaged over seeds, then the area under the curve (the mean reward over all samples), the
 final reward, the samples needed to reach `--threshold`, and CPU and wall times.
 
-The actor-critic family (`--family ac`, issue 29): IAC and MAAC (`--trainers iac maac`, one comparison each),
+The actor-critic family (`--family ac`): IAC and MAAC (`--trainers iac maac`, one comparison each),
 CoMLRL 1.4.3's own `IACTrainer`/`MAACTrainer` (`comlrl.trainers.actor_critic`) against this library's CoMLRL layer
 (`multiagent_trl.IACTrainer`/`MAACTrainer`), both built by one function (`ac_trainer`) in which only the import
 differs. Both get the same agents, the same critics (`--critic seed1`: the tiny model with other random weights,
@@ -60,7 +60,7 @@ What the CoMLRL layer does differently on purpose (`multiagent_trl/comlrl/actor_
 optimizer step per buffer on the mean of the agents' value losses (CoMLRL: one step per agent), a multi-turn buffer
 trains all its turns in one step (CoMLRL: one step per turn), the end-of-sequence token is always scored.
 
-The preference family (`--family preference`, issue 30): MADPO and MARLHF (`--trainers madpo marlhf`, the default
+The preference family (`--family preference`): MADPO and MARLHF (`--trainers madpo marlhf`, the default
 there), CoMLRL 1.4.3's own `MADPOTrainer`/`MARLHFTrainer` (`comlrl.trainers.preference`) against this library's
 CoMLRL-compatible classes (`from multiagent_trl import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer`), both
 built by one function (`preference_trainer`) with the same arguments: the same agent objects, K =

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The generation comparison on a GPU (issue 15): a 2-agent team of randomly initialised models of Qwen2.5-0.5B's
+# The generation comparison on a GPU: a 2-agent team of randomly initialised models of Qwen2.5-0.5B's
 # shape (no weights can be downloaded), bf16, per path (plain generate, one call per agent, continuous batching,
 # compiled decoding), separate models and LoRA adapters; then the tutorial epoch on the same shape against CoMLRL;
 # then what each wrapper costs per decoding step.

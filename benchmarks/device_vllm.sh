@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vLLM for teams on a GPU (issue 21): completions/s of one training generation batch of a 2-agent team of randomly
+# vLLM for teams on a GPU: completions/s of one training generation batch of a 2-agent team of randomly
 # initialised models of Qwen2.5-0.5B's shape (no weights can be downloaded), bf16: the team with LoRA adapters on one
 # engine, the team of separate models on two engines, one TRL+vLLM (colocate) run per agent, and CoMLRL 1.4.3; the
 # ratios against the targets (team >= 0.9x N TRL+vLLM runs, >= 5x CoMLRL). See benchmarks/vllm_device.py.

@@ -1,4 +1,4 @@
-"""vLLM for teams on a GPU (issue 21): completions/s of one training generation batch, team against TRL and CoMLRL.
+"""vLLM for teams on a GPU: completions/s of one training generation batch, team against TRL and CoMLRL.
 
     bash benchmarks/device_vllm.sh                 # on the GPU machine: Qwen2.5-0.5B's shape, bf16
     python benchmarks/vllm_device.py --size qwen2.5-vocab-h128 --prompts 2 --generations 4 --tokens 8 \\

@@ -1,4 +1,4 @@
-"""Centralized MAGRPO (issue 30, part 3): one model writes every role. The tagged adapter's prompt and parse and the
+"""Centralized MAGRPO: one model writes every role. The tagged adapter's prompt and parse and the
 collaboration's reward equal CoMLRL 1.4.3's own; a CoMLRL script trains with only its imports changed; the core
 trains the same way with one agent; bad arguments raise at construction."""
 

@@ -1,5 +1,5 @@
 """CoMLRL 1.4.3 parity: its config fields and defaults, advantage modes, reward conventions, per-agent rewards,
-per-agent devices, evaluation pass, trainer arguments and checkpoints (issue 10)."""
+per-agent devices, evaluation pass, trainer arguments and checkpoints."""
 
 import dataclasses
 import math

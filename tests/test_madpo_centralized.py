@@ -1,4 +1,4 @@
-"""Centralized MADPO (issue 30, items 3 and 5): `MADPOConfig(collaboration_mode="centralized")` trains one model that
+"""Centralized MADPO: `MADPOConfig(collaboration_mode="centralized")` trains one model that
 writes every role. Against CoMLRL 1.4.3's own centralized MADPO (the same pairs, loss and weights after one update),
 a CoMLRL script with only its imports changed, the reward on the parsed roles, evaluation split into roles, and the
 arguments refused at construction.

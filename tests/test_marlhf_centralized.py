@@ -1,4 +1,4 @@
-"""Centralized MARLHF (issue 30, items 3 and 4): `MARLHFConfig(collaboration_mode="centralized")` trains one model
+"""Centralized MARLHF: `MARLHFConfig(collaboration_mode="centralized")` trains one model
 that writes every role. A CoMLRL centralized MARLHF script with only its imports changed (the model's weights change,
 the reward model is trained on pairs ranked by the roles' joint reward, online rewards are the reward model's
 scores, evaluation is on the task reward with `eval_logger` given the roles), the reward model's texts against the

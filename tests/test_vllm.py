@@ -109,7 +109,7 @@ TEAMS = {
 @pytest.fixture(autouse=True)
 def bare_vllm_environment(monkeypatch):
     """Each test starts without the variables a user may not have exported: `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the
-    in-process engine a full-weight sync needs; issue 28 item 7: without it, separate models crashed at their first
+    in-process engine a full-weight sync needs; without it, separate models crashed at their first
     sync with "'LLMEngine' object has no attribute 'model_executor'") and `VLLM_CPU_KVCACHE_SPACE` (the library's
     default applies). vLLM sets the first itself when an in-process engine starts, so it is removed before every
     test."""

@@ -14,7 +14,7 @@ Every engine runs inside the training process, started with vLLM's `external_lau
 mode starts its own, in one process as under `accelerate launch` (each process then runs its own engines on its own
 rows, inside the launch's process group; no tensor parallelism yet). The full-weight sync reaches the engine's model
 runner, which only an in-process engine has; vLLM's default engine runs in processes of its own (unless
-`VLLM_ENABLE_V1_MULTIPROCESSING=0` is exported), and `external_launcher` is what turns that off (issue 28, item 7).
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` is exported), and `external_launcher` is what turns that off.
 On vLLM's CPU build, each engine's KV cache defaults to `CPU_KV_CACHE_GIB` when `VLLM_CPU_KVCACHE_SPACE` is unset.
 
 The trainer tokenizes, calls `TeamEngine.generate` with one list of prompts and one `AgentSampling` per agent, and
