@@ -20,21 +20,25 @@ import os
 
 import torch
 
-# ---- the measured noise floors (benchmarks/parity_noise.py; max over every tensor of every parity test, over the
-# settings 1/2 threads x ATEN_CPU_CAPABILITY default/avx2 on an AMD EPYC (AVX2, no AVX-512), torch 2.13 CPU)
+# ---- the measured noise floors: benchmarks/parity_noise.py on an AMD EPYC (AVX2, no AVX-512), torch 2.13 CPU, each
+# test's tensors under OMP_NUM_THREADS 1 and 2 x ATEN_CPU_CAPABILITY default and avx2. A floor is the max over every
+# tensor, test and setting of (max |a - b| - atol) / max |b|; "itself": one library's side under each setting against
+# 1 thread / default.
 
-# Gradients (one SGD(lr=1) step, or lr * gradient), max |a - b| / max |b| per tensor.
-# Noise floor: CoMLRL vs itself 1.6e-6, ours vs itself 1.5e-6, ours vs CoMLRL 1.9e-6. Tolerance: ~10x.
+# Gradients (ours from backward; theirs read back as minus one SGD(lr=1) step, or lr x gradient).
+# Noise floor: CoMLRL vs itself 1.9e-6, ours vs itself 1.9e-6, ours vs CoMLRL 2.0e-6 (bradley-terry; the AC steps
+# 1.4e-6). Tolerance 10x.
 GRADIENT_REL = 2e-5
-# Forward outputs (sequence log-probabilities, values, reward scores, losses), max |a - b| / max |b|.
-# Noise floor: CoMLRL vs itself 4.1e-7, ours vs CoMLRL 4.8e-7. Tolerance: ~10x.
-FORWARD_REL = 5e-6
-# The absolute floor under either: float32 rounding of numbers of order 1 (an ulp of 1 is 1.2e-7) lets a tensor
-# whose scale is ~1e-9 (a gradient that is zero up to rounding) pass.
+# Forward outputs (sequence log-probabilities, values, advantages, reward scores, losses).
+# Noise floor: CoMLRL vs itself 4.2e-7, ours vs itself 1.2e-6 (reward scores of an iterative run), ours vs CoMLRL
+# 4.4e-7. Tolerance ~10x.
+FORWARD_REL = 1e-5
+# The absolute floor under either: a tensor whose scale is ~1e-9 (a gradient zero up to rounding) passes. Where a
+# side is read back from float32 weights, `weight_rounding` (an ulp of the largest weight) is added.
 TINY = 1e-9
 
 
-def _record(actual: torch.Tensor, expected: torch.Tensor, kind: str, msg: str) -> None:
+def _record(actual: torch.Tensor, expected: torch.Tensor, kind: str, msg: str, atol: float = 0.0) -> None:
     """Save both sides under PARITY_RECORD, keyed by the running test and `msg` (for benchmarks/parity_noise.py)."""
     folder = os.environ.get("PARITY_RECORD")
     if not folder:
@@ -46,7 +50,8 @@ def _record(actual: torch.Tensor, expected: torch.Tensor, kind: str, msg: str) -
     key = f"{key}#{seen}"
     os.makedirs(folder, exist_ok=True)
     name = hashlib.sha1(key.encode()).hexdigest()[:16]
-    data = {"key": key, "kind": kind, "actual": actual.detach().cpu().clone(), "expected": expected.detach().cpu()}
+    actual, expected = actual.detach().cpu().clone(), expected.detach().cpu().clone()
+    data = {"key": key, "kind": kind, "atol": atol, "actual": actual, "expected": expected}
     torch.save(data, os.path.join(folder, f"{name}.pt"))
 
 
@@ -57,7 +62,7 @@ def assert_close_to_scale(actual, expected, rel: float, *, atol: float = TINY, m
     """`max |actual - expected| <= rel * max |expected| + atol`: equal up to rounding at the tensor's own scale."""
     actual, expected = torch.as_tensor(actual).detach(), torch.as_tensor(expected).detach()
     assert actual.shape == expected.shape, f"{msg}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    _record(actual, expected, kind or ("gradient" if rel == GRADIENT_REL else "forward"), msg)
+    _record(actual, expected, kind or ("gradient" if rel == GRADIENT_REL else "forward"), msg, atol)
     diff = (actual.double() - expected.double()).abs().max().item() if expected.numel() else 0.0
     scale = expected.double().abs().max().item() if expected.numel() else 0.0
     assert diff <= rel * scale + atol, (
@@ -88,24 +93,24 @@ def assert_same_forward(actual, expected, msg: str = "") -> None:
 
 # Adam's step is about lr * m / sqrt(v): a gradient within rounding of zero (1e-12 against 2e-12) moves its weight
 # by up to lr either way, so weights after Adam cannot agree element by element on every CPU. Nearly every weight
-# must agree to ADAM_CLOSE, and every one to ADAM_MAX_STEPS * lr; a wrong order, rate, decay or data moves most
-# weights by ~lr.
-# Noise floor: CoMLRL vs itself after one Adam step (lr 1e-3), 1/2 threads x default/avx2: 0 weights of 17k off by
-# more than 1e-6, max 4e-7; ours vs CoMLRL the same.
-ADAM_CLOSE = 1e-6
-ADAM_CLOSE_FRACTION = 0.999
-ADAM_MAX_STEPS = 0.2
+# must agree to ADAM_CLOSE, and every one to ADAM_MAX_STEPS; a wrong order, rate, decay or data moves most weights.
+# Noise floor (per test run and setting, CoMLRL / TRL / ours vs itself and ours vs theirs): at most 2.8e-5 of the
+# weights off by more than 1e-3 lr, none by more than 0.086 lr. Tolerances: 3e-4 of them (~10x), and lr per step
+# (~12x; the most Adam's first step moves a weight).
+ADAM_CLOSE = 1e-3  # x lr
+ADAM_OFF_SHARE = 3e-4
+ADAM_MAX_STEPS = 1.0  # x lr x steps
 
 
 def assert_same_update(pairs, lr: float, steps: int = 1) -> None:
     """The same weights after `steps` Adam(W) steps at rate `lr`: `pairs` holds (name, our module, their module)."""
-    total = close = 0
+    total = off = 0
     for name, ours, theirs in pairs:
         mine, their = dict(ours.named_parameters()), dict(theirs.named_parameters())
         assert mine.keys() == their.keys(), name
         for key in mine:
-            _record(mine[key], their[key], "adam", f"{name}.{key}")
+            _record(mine[key], their[key], "adam", f"{name}.{key}", lr)
             diff = (mine[key].detach() - their[key].detach()).abs()
-            assert diff.max() < ADAM_MAX_STEPS * steps * lr, f"{name}.{key}: {diff.max():.3g}"
-            total, close = total + diff.numel(), close + int((diff <= ADAM_CLOSE).sum())
-    assert close / total > ADAM_CLOSE_FRACTION, f"{total - close} of {total} weights differ by more than {ADAM_CLOSE}"
+            assert diff.max() <= ADAM_MAX_STEPS * steps * lr, f"{name}.{key}: {diff.max():.3g}"
+            total, off = total + diff.numel(), off + int((diff > ADAM_CLOSE * lr).sum())
+    assert off <= ADAM_OFF_SHARE * total, f"{off} of {total} weights differ by more than {ADAM_CLOSE * lr:g}"
