@@ -66,7 +66,7 @@ def assert_close_to_scale(actual, expected, rel: float, *, atol: float = TINY, m
     diff = (actual.double() - expected.double()).abs().max().item() if expected.numel() else 0.0
     scale = expected.double().abs().max().item() if expected.numel() else 0.0
     assert diff <= rel * scale + atol, (
-        f"{msg}: max |diff| {diff:.3g} > {rel:g} x max |expected| {scale:.3g} + {atol:g}"
+        f"{msg}: max |diff| {diff:.3g} > {rel:g} x max |expected| {scale:.3g} + {atol:.3g}"
     )
 
 
