@@ -41,6 +41,7 @@ from multiagent_trl.actor_critic.value_model import (
 from multiagent_trl.testing import tiny_model_path
 
 from .conftest import changed, lora_config, snapshot
+from .parity import assert_same_forward, assert_same_gradients
 
 # ---- CoMLRL, its objects, and rollouts made by its own code
 
@@ -157,7 +158,7 @@ def test_sequence_logprobs_match_comlrl(comlrl, prompt_len, response_len, masked
     if loss_mask is not None:  # the completion loss mask, placed at the completion's positions
         mask[0, prompt_len : prompt_len + response_len] &= loss_mask
     ours = sequence_logprobs(logits, ids, mask)
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    assert_same_forward(ours, theirs)
 
 
 def test_sequence_logprobs_batch_rows_match_comlrl_one_by_one(comlrl):
@@ -173,7 +174,7 @@ def test_sequence_logprobs_batch_rows_match_comlrl_one_by_one(comlrl):
             for b, (p, r) in enumerate(zip(prompts, responses))
         ]
     )
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    assert_same_forward(ours, theirs)
 
 
 # ---- 2. advantages
@@ -387,10 +388,10 @@ def hand_made(samples, old_offsets, targets):
         sample.returns = torch.tensor([target])
 
 
-def assert_same_steps(ours: dict, theirs: dict):
-    assert ours.keys() == theirs.keys()
-    for name in theirs:
-        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-4, atol=1e-7, msg=name)
+def assert_same_steps(ours: torch.nn.Module, theirs: torch.nn.Module, before: dict):
+    """Our module's gradients against CoMLRL's SGD(lr=1) step from `before`, to GRADIENT_REL of each tensor's scale
+    (tests/parity.py: the measured noise floor) and the rounding of the weights CoMLRL's side is read back from."""
+    assert_same_gradients({n: p.grad for n, p in ours.named_parameters()}, steps(theirs, before), weights=before)
 
 
 # Rollout-time values on the far side of the targets for the first two samples: the current values are then more
@@ -434,7 +435,7 @@ def test_iac_shared_head_step_matches_comlrl(comlrl, tiny_paths, critic_type, cl
         values, torch.tensor(TARGETS), old, clip_range=clip, coef=0.6
     )
     loss.backward()
-    assert_same_steps({n: p.grad for n, p in model.named_parameters()}, steps(trainer.agents[0], before))
+    assert_same_steps(model, trainer.agents[0], before)
     if clip is not None:  # the clip was active for the first two samples
         unclipped = value_loss(values.detach(), torch.tensor(TARGETS), coef=0.6)
         assert not torch.isclose(value_loss(values.detach(), torch.tensor(TARGETS), old, clip, 0.6), unclipped)
@@ -472,8 +473,8 @@ def test_iac_separate_critic_step_matches_comlrl(comlrl, tiny_paths, critic_type
     policy_gradient_loss(logps, advantage).backward()
     values = values_at(critic.values(ids, mask), value_positions(critic_type, prompt_lengths, lengths))
     value_loss(values, torch.tensor(TARGETS), coef=0.6).backward()
-    assert_same_steps({n: p.grad for n, p in actor.named_parameters()}, steps(trainer.agents[1], actor_before))
-    assert_same_steps({n: p.grad for n, p in critic.named_parameters()}, steps(trainer.critics[1], critic_before))
+    assert_same_steps(actor, trainer.agents[1], actor_before)
+    assert_same_steps(critic, trainer.critics[1], critic_before)
 
 
 @pytest.mark.parametrize("critic_type", ["v", "q"])
@@ -518,8 +519,8 @@ def test_maac_step_matches_comlrl(comlrl, tiny_paths, critic_type):
     policy_gradient_loss(logps, advantage).backward()
     values = torch.cat([critic.values(s.metadata["joint_input_ids"])[:, -1] for s in agent0])  # rows differ in length
     value_loss(values, torch.tensor(TARGETS[:2]), coef=0.6).backward()
-    assert_same_steps({n: p.grad for n, p in actor.named_parameters()}, steps(trainer.agents[0], actor_before))
-    assert_same_steps({n: p.grad for n, p in critic.named_parameters()}, steps(trainer.critics[0], critic_before))
+    assert_same_steps(actor, trainer.agents[0], actor_before)
+    assert_same_steps(critic, trainer.critics[0], critic_before)
 
 
 # ---- 6. the value model
@@ -576,7 +577,7 @@ def test_value_model_v_from_full_sequence_equals_comlrl_prompt_forward(comlrl, t
     stub = bare(comlrl.IACTrainer, None)
     reference = comlrl.Base._value_on_prompt_only(stub, theirs, ids, torch.ones_like(ids), 4)
     ours_v = values_at(ours.values(ids), value_positions("v", prompt_lengths))
-    torch.testing.assert_close(ours_v, reference, rtol=1e-5, atol=1e-6)
+    assert_same_forward(ours_v, reference)
 
 
 @pytest.mark.parametrize("hidden_dim", [None, 8])

@@ -26,6 +26,7 @@ from multiagent_trl.preference.sampling import collect_preference_pairs
 from multiagent_trl.testing import tiny_model_path, tiny_tokenizer
 
 from .conftest import changed, small_args, snapshot
+from .parity import FORWARD_REL, TINY, assert_same_forward, assert_same_update
 from .test_actor_critic import run_script
 
 
@@ -110,10 +111,10 @@ def test_reward_model_training_matches_comlrl(comlrl, batch_size, epochs):
     history = train_reward_model(ours, our_pairs(), learning_rate=lr, num_train_epochs=epochs, batch_size=batch_size)
     assert len(history) == epochs * -(-len(PAIRS) // batch_size)
     if batch_size == len(PAIRS):
-        assert history[0]["loss"] == pytest.approx(their_loss, abs=1e-6)
+        assert history[0]["loss"] == pytest.approx(their_loss, rel=FORWARD_REL, abs=TINY)
     # Every weight (backbone and head) after the AdamW steps (weight decay 0.01), in the same shuffled order.
-    for name, value in theirs.reward_model.state_dict().items():
-        torch.testing.assert_close(ours.state_dict()[name], value, atol=1e-7, rtol=1e-6, msg=name)
+    assert ours.state_dict().keys() == theirs.reward_model.state_dict().keys()
+    assert_same_update([("reward_model", ours, theirs.reward_model)], lr, steps=len(history))
     assert not ours.training and not theirs.reward_model.training
 
 
@@ -237,7 +238,9 @@ def test_online_rewards_come_from_the_reward_model_and_evaluation_from_the_task(
     prompts = [(p, "Expand: " + p) for p in table["prompt"]]
     rewards = list(table["rewards"]["joint_reward_model"])
     assert len(rewards) == 4
-    assert rewards == pytest.approx(trainer.reward_model(prompts=prompts, completions=completions), abs=1e-5)
+    assert_same_forward(
+        rewards, trainer.reward_model(prompts=prompts, completions=completions), msg="training rewards"
+    )
     # Evaluation: the task reward, through the processor (x2).
     metrics = trainer.evaluate()
     assert "eval_rewards/length_reward/mean" in metrics and "eval_rewards/joint_reward_model/mean" not in metrics
@@ -251,9 +254,8 @@ def test_saved_reward_model_reloads_and_serves_as_reward_funcs(script_run, tmp_p
     loaded = JointRewardModel.from_pretrained(str(out / "final" / "reward_model"))
     prompts, completions = [("Say hi:", "Expand: Say hi:"), ("a", "b")], [("hello", "hello there"), ("x", "")]
     with torch.no_grad():
-        assert loaded(prompts=prompts, completions=completions) == pytest.approx(
-            trainer.reward_model(prompts=prompts, completions=completions), abs=1e-6
-        )
+        scores = loaded(prompts=prompts, completions=completions)
+        assert_same_forward(scores, trainer.reward_model(prompts=prompts, completions=completions), msg="reloaded")
     # The native path: the trained reward model as a `reward_funcs` entry of the team trainer.
     native = MultiAgentGRPOTrainer(
         model=tiny_model_path(),
@@ -268,7 +270,7 @@ def test_saved_reward_model_reloads_and_serves_as_reward_funcs(script_run, tmp_p
     completions = list(zip(table["extra"]["agent_0/completion"], table["extra"]["agent_1/completion"]))
     prompts = [(p, p) for p in table["prompt"]]
     scores = loaded(prompts=prompts, completions=completions)
-    assert list(table["rewards"]["joint_reward_model"]) == pytest.approx(scores, abs=1e-5)
+    assert_same_forward(list(table["rewards"]["joint_reward_model"]), scores, msg="team rewards")
 
 
 # ---- 3. collection on its own, and a reward that never ranks

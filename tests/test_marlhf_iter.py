@@ -21,6 +21,7 @@ from multiagent_trl.preference.reward_model import REWARD_HEAD_FILE
 from multiagent_trl.testing import tiny_model_path
 
 from .conftest import changed, snapshot
+from .parity import assert_same_forward
 from .test_actor_critic import run_script
 
 
@@ -154,7 +155,7 @@ def test_online_training_uses_the_reward_model_and_evaluation_the_task(script_ru
     prompts = [(p, "Expand: " + p) for p in table["prompt"]]
     with torch.no_grad():
         scores = trainer.reward_model(prompts=prompts, completions=completions)
-    assert list(table["rewards"]["joint_reward_model"]) == pytest.approx(scores, abs=1e-5)
+    assert_same_forward(list(table["rewards"]["joint_reward_model"]), scores, msg="training rewards")
     metrics = trainer.evaluate()
     assert "eval_rewards/length_reward/mean" in metrics and "eval_rewards/joint_reward_model/mean" not in metrics
     assert metrics["eval_turn_1/reward_mean"] == pytest.approx(2.0 * metrics["eval_rewards/length_reward/mean"])
@@ -172,10 +173,10 @@ def test_reward_model_scoring_ranks_iteration_two_by_the_previous_reward_model(s
     previous = JointRewardModel.from_pretrained(str(out / "policies" / "iteration_0000" / "reward_model"))
     records = shard(out / "replay", 2)["pairs"]
     winners, losers = rm_scores(previous, records, "winner"), rm_scores(previous, records, "loser")
-    assert [r["winner_reward"] for r in records] == pytest.approx(winners, abs=1e-5)
-    assert [r["loser_reward"] for r in records] == pytest.approx(losers, abs=1e-5)
+    assert_same_forward([r["winner_reward"] for r in records], winners, msg="winners")
+    assert_same_forward([r["loser_reward"] for r in records], losers, msg="losers")
     flat = [value for r in records for value in r["raw_rewards"]]  # [winner, loser] raw = processed
-    assert flat == pytest.approx([value for pair in zip(winners, losers) for value in pair], abs=1e-5)
+    assert_same_forward(flat, [value for pair in zip(winners, losers) for value in pair], msg="raw rewards")
 
 
 # ---- 2. the reward model restarts each iteration; the online run continues
@@ -221,7 +222,7 @@ def test_reward_model_restarts_from_its_initial_weights_and_the_online_run_conti
             scores = [reference.score(list(texts)) for texts in zip(*(p.texts() for p in pairs))]  # (chosen, rejected)
             return bradley_terry_loss(*scores).item()
 
-    assert trainer.reward_model_histories[1][0]["loss"] == pytest.approx(loss_under(initial), abs=1e-5)
+    assert_same_forward(trainer.reward_model_histories[1][0]["loss"], loss_under(initial), msg="loss")
     assert loss_under(first_iteration) != pytest.approx(trainer.reward_model_histories[1][0]["loss"], abs=1e-4)
     # Frozen backbone: only the head ever moved.
     final = trainer.reward_model.state_dict()

@@ -28,6 +28,8 @@ from multiagent_trl.preference.pairs import PAIR_SELECTIONS, check_pair_set, sel
 from multiagent_trl.preference.reward_model import JointRewardModel, joint_text
 from multiagent_trl.testing import tiny_model_path, tiny_tokenizer
 
+from .parity import assert_same_forward, assert_same_gradients
+
 
 @pytest.fixture(scope="module")
 def comlrl():
@@ -179,7 +181,7 @@ def test_sequence_logprobs_match_comlrl(comlrl, agents):
                 ):
                     ids, attention, mask = pack_rows([t.prompt_input_ids], [trimmed], tokenizer.pad_token_id, drop)
                     ours = sequence_logprobs(model(input_ids=ids, attention_mask=attention).logits, ids, mask)
-                    torch.testing.assert_close(ours[0], expected.detach(), atol=1e-5, rtol=1e-5)
+                    assert_same_forward(ours[0], expected)
 
 
 @pytest.mark.parametrize("beta", [0.1, 2.0])
@@ -203,14 +205,14 @@ def test_joint_dpo_loss_and_gradient_match_comlrl(comlrl, agents, beta):
     madpo._update_from_preference_batch(pairs)
 
     logratios = our_logratios(ours, pairs, tokenizer.pad_token_id, drop_last_token=True)
-    torch.testing.assert_close(logratios.detach(), torch.tensor(detached, dtype=torch.float32).T, atol=1e-5, rtol=1e-5)
+    assert_same_forward(logratios, torch.tensor(detached, dtype=torch.float32).T, msg="log-ratios")
     losses = joint_dpo_losses(logratios, beta)
-    torch.testing.assert_close(losses.detach(), torch.tensor(expected_losses), atol=1e-6, rtol=1e-5)
+    assert_same_forward(losses, torch.tensor(expected_losses), msg="losses")
     losses.sum().backward()  # one backward: each agent gets its own loss's gradient
     for i in range(2):
-        changes = param_changes(before[i], theirs[i])
-        for name, p in ours[i].named_parameters():
-            torch.testing.assert_close(-p.grad, changes[name], atol=1e-6, rtol=1e-4, msg=f"agent {i} {name}")
+        gradients = {name: -change for name, change in param_changes(before[i], theirs[i]).items()}
+        ours_gradients = {name: p.grad for name, p in ours[i].named_parameters()}
+        assert_same_gradients(ours_gradients, gradients, prefix=f"agent {i} ", weights=before[i])
 
 
 def test_reference_logratios_follow_trl_dpo():
@@ -295,14 +297,14 @@ def test_reward_model_scores_match_comlrl(comlrl, max_length):
     texts = [marlhf._format_joint_reward_text(p, use_winner=w) for p in pairs for w in (True, False)]
     assert texts == [joint_text(p.prompts, c) for p in pairs for c in (p.winner_completions, p.loser_completions)]
     with torch.no_grad():
-        torch.testing.assert_close(ours.score(texts), marlhf._score_reward_texts(texts), atol=1e-5, rtol=1e-5)
+        assert_same_forward(ours.score(texts), marlhf._score_reward_texts(texts), msg="scores")
         # as a reward function: prompts[j], completions[j] hold every agent's prompt and completion
         scores = ours(prompts=[p.prompts for p in pairs], completions=[p.winner_completions for p in pairs])
-        assert scores == pytest.approx(marlhf._score_reward_texts(texts[::2]).tolist(), abs=1e-5)
+        assert_same_forward(torch.tensor(scores), marlhf._score_reward_texts(texts[::2]), msg="reward function")
         # left padding scores as right padding (positions counted over attended tokens, any position scheme)
         left = tiny_tokenizer()(texts, padding=True, padding_side="left", return_tensors="pt")
         if max_length is None:
-            torch.testing.assert_close(ours(**left), ours.score(texts), atol=1e-5, rtol=1e-5)
+            assert_same_forward(ours(**left), ours.score(texts), msg="left padding")
 
 
 def test_bradley_terry_gradient_matches_comlrl(comlrl):
@@ -315,9 +317,8 @@ def test_bradley_terry_gradient_matches_comlrl(comlrl):
         ours.score([joint_text(p.prompts, p.loser_completions) for p in pairs]),
     )
     loss.backward()
-    changes = param_changes(before, theirs)
-    for name, p in ours.named_parameters():
-        torch.testing.assert_close(-p.grad, changes[name], atol=1e-6, rtol=1e-4, msg=name)
+    gradients = {name: -change for name, change in param_changes(before, theirs).items()}
+    assert_same_gradients({name: p.grad for name, p in ours.named_parameters()}, gradients, weights=before)
 
 
 def test_reward_model_save_load_and_freeze(tmp_path):
