@@ -33,7 +33,9 @@ Deliberate differences from CoMLRL 1.4.3, and why:
 4. Batches: a generation batch's pairs (`preference_pairs_per_sample` slots per item, empty slots weighted 0) are
    shuffled and split into `ceil(rollout_buffer_size * pairs / train_batch_size)` optimizer steps, so a step holds
    `train_batch_size` pair slots on average (CoMLRL: exactly `train_batch_size` pairs, the last batch shorter).
-   `rollout_buffer_size * preference_num_candidates` must split evenly into those steps.
+   `rollout_buffer_size * preference_num_candidates` must split evenly into those steps. Every item is trained each
+   epoch: the epoch's last generation batch is completed with items from the start of the epoch, which then draw
+   pairs twice in that epoch (CoMLRL's pair set covers each item once), and a buffer larger than the dataset trains.
 5. `eval_interval` and `logging_steps` count optimizer steps; `use_environment_step` and
    `environment_steps_per_pair` are accepted but only set CoMLRL's W&B x-axis (environment steps = 2 per pair),
    which TRL's logging does not use. They, and MAGRPO's fields that CoMLRL's MADPO never reads (`discount`,

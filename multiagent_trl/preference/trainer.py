@@ -20,6 +20,9 @@ How one generation batch flows:
    `mean_p -logsigmoid(dpo_beta * (delta_i(p) + sum_{j != i} delta_j(p)))`, the other agents' log-ratios detached
    and computed, as CoMLRL does, before any agent's update of the step (`joint_dpo_losses`). One backward per agent.
 
+Every item is trained each epoch: the last generation batch of an epoch is completed with items from the start of
+the epoch's order (`rollout.buffers`; TRL's sampler drops the items that do not fill it).
+
 Evaluation is the core's (the joint reward of the current policies' completions); no preference loss is computed in
 evaluation.
 """
@@ -92,6 +95,7 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
     _tag_names = ["trl", "dpo", "multiagent-trl", "madpo"]
     _name = "MADPO"
     _found_pairs = False  # whether a training batch of this run held a pair yet
+    covers_every_item = True  # every item trained each epoch, the last generation batch completed (`rollout.buffers`)
 
     def __init__(
         self,
