@@ -140,3 +140,54 @@ def test_covering_sampler_wraps_the_epoch_order():
     assert list(small) == [0, 1, 2, 0, 1, 2, 0, 1] and len(small) == 8
     empty = CoveringRepeatSampler([], mini_repeat_count=1, batch_size=8)
     assert list(empty) == [] and len(empty) == 0
+
+
+# ---- a generation batch whose pairs make more optimizer steps than its completions divide into
+
+
+def test_madpo_config_without_a_pair_limit_builds_and_trains(tmp_path, tiny_path):
+    """`MADPOConfig(preference_pairs_per_sample=None)` with CoMLRL's other defaults: 2 items of 80 candidates (160
+    completions) make up to 2 * 3160 pairs, 3160 optimizer steps of 2 pairs, which 160 does not divide. CoMLRL
+    accepts it; here the generation batch's pairs are split into those steps (`pair_steps_per_generation`)."""
+    args = MADPOConfig(preference_pairs_per_sample=None, output_dir=str(tmp_path / "out"))
+    assert args.per_device_train_batch_size * args.steps_per_generation == 2 * 80
+    assert args.pair_steps == 3160
+    scored: list[str] = []
+    args = MADPOConfig(
+        preference_pairs_per_sample=None,
+        max_new_tokens=4,
+        max_steps=1,
+        eval_interval=0,
+        report_to="none",
+        output_dir=str(tmp_path / "out"),
+    )
+    dataset = Dataset.from_dict({"prompt": ["Item 0:", "Item 1:"]})
+    reward = recording_reward(scored)
+    trainer = MADPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=dataset)
+    trainer.verbose = False
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert len(scored) == 160  # one generation batch: every candidate of both items scored once
+    assert trainer.state.log_history[0]["pairs/count"] > 0
+
+
+def test_madpo_pairs_split_into_steps_the_completions_do_not_divide(tmp_path, tiny_path):
+    """4 candidates, every pair (6 per item), 2 items, 2 pairs per step: 6 optimizer steps over 8 completions. One
+    epoch trains those 6 steps (the steps per epoch follow the pair steps) on one generation batch."""
+    scored: list[str] = []
+    args = MADPOConfig(
+        **comlrl_fields(tmp_path),
+        preference_num_candidates=4,
+        preference_pairs_per_sample=None,
+        rollout_buffer_size=2,
+        train_batch_size=2,
+    )
+    assert (args.per_device_train_batch_size, args.steps_per_generation, args.pair_steps) == (8, 1, 6)
+    dataset = Dataset.from_dict({"prompt": ["Item 0:", "Item 1:", "Item 2:"]})
+    reward = recording_reward(scored)
+    trainer = MADPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=dataset)
+    trainer.verbose = False
+    trainer.train()
+    assert trainer.state.global_step == 2 * 6  # two generation batches (3 items, buffers of 2), 6 steps each
+    assert len(scored) == 2 * 8 and set(scored) == set(dataset["prompt"])
+    assert sum(entry.get("pairs/count", 0) > 0 for entry in trainer.state.log_history) >= 1
