@@ -37,6 +37,7 @@ from .rewards.joint import (
     weighted_sum,
 )
 from .rewards.scoring import joint_reward, joint_samples, level_rewards, turn_credit
+from .rollout.buffers import covering
 from .rollout.episode import EpisodeBatch, episode_batch, trained_row_scale
 from .rollout.evaluation import EvalRecorder, EvalTrajectories, greedy_decoding
 from .rollout.generation import configure_decoding
@@ -137,6 +138,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     _name = "MAGRPO"
     record_eval_trajectories = False  # True: `evaluate` collects every trajectory for `trajectory_metrics`
     rewards_per_sample = False  # True: CoMLRL-style reward functions are called once per joint sample, as CoMLRL does
+    # True: each epoch's last generation batch is completed from the start of the epoch's order, so that every item is
+    # trained each epoch (`rollout.buffers`), as buffer-filling trainers need; False: TRL's sampler, which drops it.
+    covers_every_item = False
 
     def __init__(
         self,
@@ -368,6 +372,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def _most_across_processes(self, count: int) -> int:
         return int(self.accelerator.gather(torch.tensor([count], device=self.accelerator.device)).max())
+
+    def _get_train_sampler(self, dataset: Dataset | None = None):
+        sampler = super()._get_train_sampler(dataset)
+        return covering(sampler) if self.covers_every_item else sampler
 
     def _rollouts(self, agent_inputs: list[list[dict]], mode: str) -> list[Rollout]:
         """Every agent generates from its rows' prompts (one `generate` call for all agents in batched mode)."""

@@ -485,14 +485,23 @@ def test_bad_configs_raise_with_the_fix(comlrl, fields, message):
 
 @pytest.mark.parametrize(
     ("fields", "error", "message"),
-    [
-        (dict(reference_kl_enabled=True), ValueError, "reference_free=False"),
-        (dict(rollout_buffer_size=3, preference_num_candidates=3, train_batch_size=2), ValueError, "step counts"),
-    ],
+    [(dict(reference_kl_enabled=True), ValueError, "reference_free=False")],
 )
 def test_unsupported_comlrl_settings_raise_with_the_fix(fields, error, message):
     with pytest.raises(error, match=message):
         MADPOConfig(**fields, report_to="none")
+
+
+def test_pair_steps_that_do_not_divide_the_completions_are_accepted():
+    """CoMLRL accepts them: 3 items of 3 candidates (9 completions) make 9 pairs, 5 steps of 2 on average; the
+    completions make one TRL step and the pairs are split into 5 (`pair_steps_per_generation`)."""
+    config = MADPOConfig(rollout_buffer_size=3, preference_num_candidates=3, train_batch_size=2, report_to="none")
+    assert (config.per_device_train_batch_size, config.steps_per_generation, config.pair_steps) == (9, 1, 5)
+    divisible = MADPOConfig(
+        rollout_buffer_size=2, preference_num_candidates=4, preference_pairs_per_sample=2, report_to="none"
+    )  # 4 pairs, 2 steps: TRL's split of the 8 completions, as before
+    assert (divisible.per_device_train_batch_size, divisible.steps_per_generation, divisible.pair_steps) == (4, 2, 2)
+    assert divisible.pair_steps_per_generation is None
 
 
 @pytest.mark.parametrize(

@@ -118,6 +118,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
     - `_compute_loss`: adds each critic's value loss to the agents' GRPO losses; logs `agent_{i}/value_loss`.
     - `create_optimizer`, `_clip_grad_norm`: a parameter group per critic at `critic_learning_rate`; per-critic
       clipping, logged as `agent_{i}/critic_grad_norm` (`critic/grad_norm` for a joint critic).
+    - `_get_train_sampler`: every item is trained each epoch; the last generation batch is completed with items from
+      the start of the epoch's order (TRL's sampler drops the items that do not fill it; `rollout.buffers`).
     - `_save`, `_load_from_checkpoint`: critics saved beside the agents: `agent_{i}/critic/` (IAC) or `critic/` (a
       joint critic), a model folder (or an adapter folder) plus `value_head.pt`; a value head on the agent as
       `agent_{i}/value_head.pt`.
@@ -168,6 +170,7 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
     # True: every optimizer step's policy gradient is taken at the current weights with no importance ratio to the
     # rollout policy (CoMLRL's one-pass policy gradient), even when a generation batch spans several steps.
     reinforce_each_step = False
+    covers_every_item = True  # every item trained each epoch, the last generation batch completed (`rollout.buffers`)
 
     def __init__(
         self,

@@ -293,9 +293,9 @@ class MADPOIterConfig(IterativePreferenceFields, MADPOConfig):
         self.pair_selection = selection
         self._check_iterative_fields()
 
-    def _generation_batch(self) -> tuple[int, int]:
+    def _generation_batch(self) -> tuple[int, int, None]:
         # Pairs are sampled and trained by the iterative loop, not in TRL's generation batches: one step per batch.
-        return self.rollout_buffer_size * self.num_generations, 1
+        return self.rollout_buffer_size * self.num_generations, 1, None
 
 
 class IterativePairs:

@@ -33,7 +33,10 @@ Deliberate differences from CoMLRL 1.4.3, and why:
 4. Batches: a generation batch's pairs (`preference_pairs_per_sample` slots per item, empty slots weighted 0) are
    shuffled and split into `ceil(rollout_buffer_size * pairs / train_batch_size)` optimizer steps, so a step holds
    `train_batch_size` pair slots on average (CoMLRL: exactly `train_batch_size` pairs, the last batch shorter).
-   `rollout_buffer_size * preference_num_candidates` must split evenly into those steps.
+   When the steps do not divide the `rollout_buffer_size * preference_num_candidates` completions, the split is
+   `pair_steps_per_generation`'s (the configuration is accepted, as CoMLRL accepts it). Every item is trained each
+   epoch: the epoch's last generation batch is completed with items from the start of the epoch, which then draw
+   pairs twice in that epoch (CoMLRL's pair set covers each item once), and a buffer larger than the dataset trains.
 5. `eval_interval` and `logging_steps` count optimizer steps; `use_environment_step` and
    `environment_steps_per_pair` are accepted but only set CoMLRL's W&B x-axis (environment steps = 2 per pair),
    which TRL's logging does not use. They, and MAGRPO's fields that CoMLRL's MADPO never reads (`discount`,
@@ -222,7 +225,9 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
         if self.top_k is None:
             self.top_k = 0  # TRL's "no top-k filtering"
         self.num_generations = self.preference_num_candidates
-        self.per_device_train_batch_size, self.steps_per_generation = self._generation_batch()
+        self.per_device_train_batch_size, self.steps_per_generation, self.pair_steps_per_generation = (
+            self._generation_batch()
+        )
         self.generation_batch_size = None  # TRL derives it from the two above
         if self.eval_interval > 0:
             self.eval_strategy, self.eval_steps, self.eval_on_start = "steps", self.eval_interval, True
@@ -238,22 +243,15 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
         if self.parallel_training == "none":
             _check_accelerate_device("agent_devices", spec, self.device)
 
-    def _generation_batch(self) -> tuple[int, int]:
-        """`(per_device_train_batch_size, steps_per_generation)`: a generation batch is `rollout_buffer_size` items of
-        K candidates; its pairs are split into optimizer steps of `train_batch_size` pairs on average."""
+    def _generation_batch(self) -> tuple[int, int, int | None]:
+        """`(per_device_train_batch_size, steps_per_generation, pair_steps_per_generation)`: a generation batch is
+        `rollout_buffer_size` items of K candidates; its pairs are split into optimizer steps of `train_batch_size`
+        pairs on average. When those steps do not divide the batch's completions (every pair of 80 candidates: 3160
+        steps per item), the completions make one TRL step and the pairs are split by `pair_steps_per_generation`."""
         items, per_step = self.rollout_buffer_size, self.comlrl_train_batch_size or self.rollout_buffer_size
         steps = math.ceil(items * self.pairs_per_prompt / per_step)
         rows = items * self.num_generations
-        if rows % steps != 0:
-            fitting = [s for s in range(1, rows + 1) if rows % s == 0]
-            raise ValueError(
-                f"`rollout_buffer_size={items}` items of `preference_num_candidates={self.num_generations}` "
-                f"candidates ({rows} completions per agent) must split evenly into the {steps} optimizer steps that "
-                f"`train_batch_size={per_step}` makes of their up to {items * self.pairs_per_prompt} pairs. Choose "
-                f"`train_batch_size` so that the step count divides {rows} (step counts that fit: {fitting}), or "
-                "change `rollout_buffer_size`."
-            )
-        return rows // steps, steps
+        return (rows // steps, steps, None) if rows % steps == 0 else (rows, 1, steps)
 
     def _check_comlrl_fields(self) -> None:
         """CoMLRL 1.4.3's own checks of `MADPOConfig` (those of fields the core names otherwise; the core checks the

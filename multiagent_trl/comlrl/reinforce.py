@@ -112,7 +112,10 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
             several turns a prompt's tree has `1 + G + ... + G**(T-1)` nodes (aligned), and CoMLRL takes about that
             many times more steps per prompt; here each generation batch's whole tree is split into
             `steps_per_generation` steps. For CoMLRL's number of updates, lower `rollout_buffer_size` (fewer prompts
-            per step) or raise `num_train_epochs`.
+            per step) or raise `num_train_epochs`. Every item is trained each epoch, as in CoMLRL, but where CoMLRL
+            trains a smaller last buffer, here the epoch's last generation batch is completed with items from the
+            start of the epoch (TRL's step machinery needs whole generation batches), which are then trained twice
+            in that epoch; a buffer larger than the dataset holds every item, some more than once.
         train_batch_size (`int` or `None`, *optional*, defaults to `None`):
             Prompts per optimizer step within a buffer; `None` is `rollout_buffer_size` (one step per buffer).
             Maps to `per_device_train_batch_size = train_batch_size * num_generations` and `steps_per_generation =
@@ -437,6 +440,9 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
     algorithm_name = "MAGRPO"
     record_eval_trajectories = True
     rewards_per_sample = True  # CoMLRL calls its reward function once per joint sample and takes the first value
+    # CoMLRL trains its last, partial buffer each epoch: here the last generation batch is completed with items from
+    # the start of the epoch's order (`rollout.buffers`), so that every item is trained each epoch too.
+    covers_every_item = True
 
     def __init__(
         self,

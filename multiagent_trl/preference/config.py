@@ -23,7 +23,7 @@ class MultiAgentDPOConfig(MultiAgentGRPOConfig):
     sampled completions (the generation batch is `per_device_train_batch_size * steps_per_generation` completions
     per agent, `/ num_generations` prompts), `num_iterations` trains on one generation batch's pairs that many times,
     `temperature`, `top_p`, `top_k` are the sampling settings. The pairs of a generation batch are shuffled and split
-    evenly into its `steps_per_generation` optimizer steps.
+    evenly into its `steps_per_generation` optimizer steps (or `pair_steps_per_generation`).
 
     Parameters:
         dpo_beta (`float`, *optional*, defaults to `0.1`):
@@ -45,6 +45,12 @@ class MultiAgentDPOConfig(MultiAgentGRPOConfig):
             TRL's DPO log-ratio against the agent's starting policy, `(logp_w - ref_logp_w) - (logp_l - ref_logp_l)`;
             the reference is a frozen copy of each agent's starting model, or, for LoRA agents, the base with the
             adapters disabled. Its log-probabilities are computed once per generation batch.
+        pair_steps_per_generation (`int` or `None`, *optional*, defaults to `None`):
+            The optimizer steps a generation batch's pairs are split into, when they should differ from
+            `steps_per_generation` (`None`: the same). Every pair count makes many more pairs than completions, and
+            a step count that does not divide the completions (`per_device_train_batch_size * steps_per_generation`)
+            is set here: the generation batch keeps its completions and its pair rows (rounded up to whole steps,
+            empty slots weighted 0) are split into this many steps, as many per epoch and generation batch.
         drop_last_token (`bool`, *optional*, defaults to `False`):
             Score completions as CoMLRL 1.4.3's decentralized MADPO does: cut at the first padding token, and leave
             the last remaining token unscored (the end token, or the last word of a completion cut at the length
@@ -80,6 +86,10 @@ class MultiAgentDPOConfig(MultiAgentGRPOConfig):
         default=True,
         metadata={"help": "True: log-ratios without a reference (CoMLRL's MADPO); False: against the start policy."},
     )
+    pair_steps_per_generation: int | None = field(
+        default=None,
+        metadata={"help": "Optimizer steps a generation batch's pairs are split into; None: steps_per_generation."},
+    )
     drop_last_token: bool = field(
         default=False,
         metadata={"help": "Score completions as CoMLRL's MADPO: cut at the first pad, last token unscored."},
@@ -99,6 +109,11 @@ class MultiAgentDPOConfig(MultiAgentGRPOConfig):
             raise ValueError(
                 f"`preference_pairs_per_sample` must be at least 1, or None for no limit; got "
                 f"{self.preference_pairs_per_sample}."
+            )
+        if self.pair_steps_per_generation is not None and self.pair_steps_per_generation < 1:
+            raise ValueError(
+                f"`pair_steps_per_generation` must be at least 1, or None for `steps_per_generation`; got "
+                f"{self.pair_steps_per_generation}."
             )
         if self.dpo_loss_type not in JOINT_DPO_LOSS_TYPES:
             raise ValueError(
@@ -129,6 +144,11 @@ class MultiAgentDPOConfig(MultiAgentGRPOConfig):
                 f"`beta={self.beta}` is GRPO's KL coefficient, which the DPO loss does not use: leave it at 0. DPO's "
                 "inverse temperature is `dpo_beta`; a reference model comes with `reference_free=False`."
             )
+
+    @property
+    def pair_steps(self) -> int:
+        """The optimizer steps of one generation batch: `pair_steps_per_generation`, else `steps_per_generation`."""
+        return self.pair_steps_per_generation or self.steps_per_generation
 
     @property
     def pairs_per_prompt(self) -> int:

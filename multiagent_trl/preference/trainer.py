@@ -14,11 +14,16 @@ How one generation batch flows:
    rejected` token rows (right-padded, `pack_rows`) with the mask of the scored tokens, and, with a reference, the
    reference's log-probabilities of both. Every prompt gets `pairs_per_prompt` rows (the count rounded up to a
    multiple of `steps_per_generation`); rows without a pair carry `pair_weight = 0`. TRL shuffles the rows and
-   splits them into the generation batch's optimizer steps, as it does for GRPO.
+   splits them into the generation batch's optimizer steps, as it does for GRPO: `args.pair_steps`, which may be
+   more steps than the batch's completions divide into (`pair_steps_per_generation`: the sampler repeats each
+   generation batch for that many steps, and TRL's step machinery runs with it as `steps_per_generation`).
 4. `_compute_loss`: each agent's model runs on its `[chosen; rejected]` rows (one forward), the sequence
    log-probabilities are summed at temperature 1 (`sequence_logprobs`), and agent i's loss is MADPO's
    `mean_p -logsigmoid(dpo_beta * (delta_i(p) + sum_{j != i} delta_j(p)))`, the other agents' log-ratios detached
    and computed, as CoMLRL does, before any agent's update of the step (`joint_dpo_losses`). One backward per agent.
+
+Every item is trained each epoch: the last generation batch of an epoch is completed with items from the start of
+the epoch's order (`rollout.buffers`; TRL's sampler drops the items that do not fill it).
 
 Evaluation is the core's (the joint reward of the current policies' completions); no preference loss is computed in
 evaluation.
@@ -38,6 +43,7 @@ from peft import PeftConfig, PeftModel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..team.modules import LoraAgentTeam
+from ..team.views import swapped
 from ..trainer import MultiAgentGRPOTrainer
 from .config import MultiAgentDPOConfig
 from .losses import joint_dpo_losses, pack_rows, preference_logratios, sequence_logprobs, trim_completion
@@ -92,6 +98,7 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
     _tag_names = ["trl", "dpo", "multiagent-trl", "madpo"]
     _name = "MADPO"
     _found_pairs = False  # whether a training batch of this run held a pair yet
+    covers_every_item = True  # every item trained each epoch, the last generation batch completed (`rollout.buffers`)
 
     def __init__(
         self,
@@ -167,6 +174,17 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
 
     # ------------------------------------------------------------------ pairs
 
+    # A generation batch trains `args.pair_steps` optimizer steps, which `pair_steps_per_generation` may set apart from
+    # `steps_per_generation` (which with `per_device_train_batch_size` sizes the batch's completions): TRL's sampler
+    # repeats each batch once per step, and its `_prepare_inputs` splits the batch's rows into its steps.
+    def _get_train_sampler(self, dataset=None):
+        with swapped(self.args, steps_per_generation=self.args.pair_steps):
+            return super()._get_train_sampler(dataset)
+
+    def _prepare_inputs(self, generation_batch):
+        with swapped(self.args, steps_per_generation=self.args.pair_steps):
+            return super()._prepare_inputs(generation_batch)
+
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)  # evaluation: the core's rewards and metrics
@@ -199,7 +217,7 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
         self._found_pairs = self._found_pairs or total > 0
 
         # A fixed number of rows: `pairs_per_prompt` per prompt, rounded up to whole optimizer steps.
-        steps = args.steps_per_generation
+        steps = args.pair_steps
         slots = math.ceil(nodes * args.pairs_per_prompt / steps) * steps
         weight = torch.zeros(slots, device=device)
         weight[: len(pairs)] = 1.0
