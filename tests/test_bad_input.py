@@ -9,9 +9,14 @@ import math
 import re
 
 import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from multiagent_trl import MultiAgentGRPOConfig
+from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 from multiagent_trl.actor_critic.config import ActorCriticConfig
+from multiagent_trl.actor_critic.trainer import ActorCriticTrainer
+from multiagent_trl.actor_critic.value_model import CausalLMWithValueHead
 from multiagent_trl.comlrl import (
     CentralizedMAGRPOConfig,
     IACConfig,
@@ -26,6 +31,11 @@ from multiagent_trl.comlrl import (
     MARLOOConfig,
 )
 from multiagent_trl.preference.config import MultiAgentDPOConfig
+from multiagent_trl.preference.reward_model import JointRewardModel
+from multiagent_trl.preference.reward_training import JointPreferencePair, train_reward_model
+from multiagent_trl.preference.trainer import MultiAgentDPOTrainer
+
+from .conftest import changed, small_args, snapshot
 
 CONFIGS = [
     MultiAgentGRPOConfig,
@@ -88,3 +98,75 @@ def test_non_finite_settings_are_refused_naming_the_field(tmp_path, config_class
         else:
             accepted.append(f"{name}: accepted")
     assert not accepted, "\n".join(accepted)
+
+
+# ---- a non-finite loss stops training, naming the loss and the step, before any weight takes it
+
+
+def huge_reward(completions1, completions2):
+    """Finite, but its squared error overflows float32."""
+    return [1e20] * len(completions1)
+
+
+def test_an_overflowing_value_loss_stops_training_before_the_critics_update(tmp_path, tiny_path, prompts_dataset):
+    args = small_args(tmp_path, ActorCriticConfig, num_agents=2, num_generations=2, per_device_train_batch_size=4)
+    trainer = ActorCriticTrainer(model=tiny_path, reward_funcs=huge_reward, args=args, train_dataset=prompts_dataset)
+    before = [snapshot(critic) for critic in trainer.critics]
+    agents = snapshot(trainer.model)
+    message = r"value loss of agent 0's critic \(`agent_0/value_loss`\) is inf at training step 1"
+    with pytest.raises(FloatingPointError, match=message):
+        trainer.train()
+    for critic, weights in zip(trainer.critics, before):
+        assert not changed(weights, critic)
+        assert all(torch.isfinite(p).all() for p in critic.parameters())
+    assert not changed(agents, trainer.model)
+    trainer.save_model(str(tmp_path / "saved"))  # what a user saves after the error holds no NaN
+    saved = CausalLMWithValueHead.from_pretrained(str(tmp_path / "saved" / "agent_0" / "critic"))
+    assert all(torch.isfinite(p).all() for p in saved.parameters())
+
+
+def diverging_reward(holder: dict):
+    """A reward that turns agent 0's weights NaN once its completions are drawn (a diverged update would): the loss
+    then scores them with those weights."""
+
+    def reward(completions1, completions2):
+        for p in holder["trainer"].model.agents[0].parameters():
+            p.data.fill_(math.nan)
+        return [float(k % 2) for k in range(len(completions1))]
+
+    return reward
+
+
+@pytest.mark.parametrize(
+    "trainer_class, config_class, loss",
+    [
+        (MultiAgentGRPOTrainer, MultiAgentGRPOConfig, "policy loss"),
+        (MultiAgentDPOTrainer, MultiAgentDPOConfig, "DPO loss"),
+    ],
+    ids=["policy", "dpo"],
+)
+def test_a_nan_agent_loss_stops_training_naming_it(tmp_path, tiny_path, trainer_class, config_class, loss):
+    holder = {}
+    args = small_args(tmp_path, config_class, num_agents=2, per_device_train_batch_size=4, generation_mode="per_agent")
+    trainer = holder["trainer"] = trainer_class(
+        model=tiny_path,
+        reward_funcs=diverging_reward(holder),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["Name a fruit:", "Name a fish:"] * 2}),
+    )
+    agent_1 = snapshot(trainer.model.agents[1])
+    with pytest.raises(FloatingPointError, match=rf"{loss} of agent 0 \(`agent_0/loss`\) is nan at training step 1"):
+        trainer.train()
+    assert not changed(agent_1, trainer.model.agents[1])
+
+
+def test_a_nan_reward_model_loss_stops_its_training_naming_it(tiny_path):
+    model = JointRewardModel(AutoModelForCausalLM.from_pretrained(tiny_path), AutoTokenizer.from_pretrained(tiny_path))
+    model.reward_head.weight.data.fill_(math.nan)
+    backbone = snapshot(model.backbone)
+    pairs = [JointPreferencePair(("Hi", "Hi"), ("a", "b"), ("c", "d"), 1.0, 0.0)] * 2
+    with pytest.raises(
+        FloatingPointError, match=r"reward-model loss \(`reward_model/loss`\) is nan at training step 1"
+    ):
+        train_reward_model(model, pairs, learning_rate=1e-3, batch_size=2)
+    assert not changed(backbone, model.backbone)

@@ -33,7 +33,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
 from ..rewards.joint import weighted_sum
-from ..team.optim import ParameterGroup
+from ..team.optim import ParameterGroup, check_finite_loss
 from ..trainer import MultiAgentGRPOTrainer
 from .config import ActorCriticConfig
 from .estimators import (
@@ -471,6 +471,10 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
                     coef=self.args.value_loss_coef,
                 )
                 part = part if scored.any() else values.sum() * 0.0  # keeps the graph (DDP) with no scored row
+                if training:
+                    critic = "the joint critic" if self.args.joint_critic else f"agent {i}'s critic"
+                    name = f"value loss of {critic} (`{self.agent_metric_prefix(i)}value_loss`)"
+                    check_finite_loss(part, name, self.state.global_step + 1, self.accelerator)
                 losses.append(part)
                 logged = self.accelerator.gather(part.detach()[None]).mean().item()
                 self._metrics[mode][f"{self.agent_metric_prefix(i)}value_loss"].append(logged)
