@@ -20,7 +20,9 @@ from multiagent_trl.actor_critic.value_model import CausalLMWithValueHead
 from multiagent_trl.comlrl import (
     CentralizedMAGRPOConfig,
     IACConfig,
+    IACTrainer,
     MAACConfig,
+    MAACTrainer,
     MADPOConfig,
     MADPOIterConfig,
     MAGRPOConfig,
@@ -170,3 +172,33 @@ def test_a_nan_reward_model_loss_stops_its_training_naming_it(tiny_path):
     ):
         train_reward_model(model, pairs, learning_rate=1e-3, batch_size=2)
     assert not changed(backbone, model.backbone)
+
+
+# ---- CoMLRL's `f(completions1, completions2, batch_items=None)` in the actor-critic trainers
+
+
+@pytest.mark.parametrize("family", ["native", "iac", "maac"])
+def test_a_reward_with_batch_items_trains_and_sees_the_rows(tmp_path, tiny_path, prompts_dataset, family):
+    seen = []
+
+    def reward(completions1, completions2, batch_items=None):
+        seen.append(batch_items)
+        return [float(len(b) > len(a)) for a, b in zip(completions1, completions2)]
+
+    if family == "native":
+        args = small_args(tmp_path, ActorCriticConfig, num_agents=2, num_generations=2, per_device_train_batch_size=4)
+        trainer = ActorCriticTrainer(model=tiny_path, reward_funcs=reward, args=args, train_dataset=prompts_dataset)
+    else:
+        config_class, trainer_class = (IACConfig, IACTrainer) if family == "iac" else (MAACConfig, MAACTrainer)
+        args = config_class(
+            output_dir=str(tmp_path), num_turns=1, num_generations=2, max_new_tokens=4, rollout_buffer_size=4,
+            max_steps=1, eval_interval=0, report_to="none",
+        )  # fmt: skip
+        trainer = trainer_class(
+            agent_model=tiny_path, critic_model=tiny_path, reward_func=reward, args=args, train_dataset=prompts_dataset
+        )
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model)
+    prompts = {row["prompt"] for call in seen for row in call}
+    assert seen and prompts <= set(prompts_dataset["prompt"]) and prompts

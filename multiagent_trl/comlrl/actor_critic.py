@@ -41,7 +41,7 @@ from transformers.trainer_utils import SaveStrategy
 from ..actor_critic.config import ActorCriticConfig
 from ..actor_critic.trainer import ActorCriticTrainer
 from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead
-from ..rewards.joint import bind_reward
+from ..rewards.joint import bind_reward, comlrl_arguments, comlrl_passing
 from ..rollout.turns import Transition
 from .reinforce import (
     PARALLEL_TRAINING,
@@ -356,7 +356,7 @@ def item_reward(
     shared by the completions; read per joint sample when `num_agents == num_generations`, as CoMLRL reads it).
     """
     name = getattr(func, "__name__", type(func).__name__)
-    passing = _reward_passing(func, num_agents)
+    passing, keywords = comlrl_passing(func, num_agents)  # the core's reading of CoMLRL's conventions
 
     def reward(prompts, completions, batch_items=None, **kwargs):  # the core's TRL convention: joint samples
         per_agent = [list(c) for c in zip(*completions)] if num_agents > 1 else [list(completions)]  # (N, samples)
@@ -367,7 +367,8 @@ def item_reward(
         for start in range(0, samples, num_generations):
             turn_prompts = list(prompts[start]) if num_agents > 1 else [prompts[start]]
             lists = [c[start : start + num_generations] for c in per_agent]
-            raw = _as_floats(passing(func, turn_prompts, lists, [batch_items[start]]), name)
+            args, kw = comlrl_arguments(passing, keywords, turn_prompts, lists, [batch_items[start]])
+            raw = _as_floats(func(*args, **kw), name)
             if processor is not None:
                 raw = [float(processor(r)) for r in raw]
             values.append(_expand(raw, num_agents, num_generations, name))
@@ -410,41 +411,6 @@ def _as_floats(values, name: str) -> list[float]:
             raise ValueError(f"Reward function '{name}' returned {value!r}; rewards must be finite numbers.")
         out.append(float(value))
     return out
-
-
-def _reward_passing(func: Callable, num_agents: int) -> Callable:
-    """How CoMLRL passes one item's lists to `func`, read from its signature: `*args` -> `f(*lists)`; one agent:
-    `f(list)` or `f(prompts, list)`; N agents: N parameters -> `f(*lists)`, N + 1 -> `f(prompts, *lists)`, 1 ->
-    `f(lists)`, otherwise `f(*lists)`; `batch_items=` and `prompts=` (unless passed first) by keyword where named
-    or taken by `**kwargs`."""
-    params = list(inspect.signature(func).parameters.values())
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    names = {p.name for p in params}
-    var_positional = any(p.kind == p.VAR_POSITIONAL for p in params)
-    var_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
-    count = len(positional)
-
-    def call(func, prompts, lists, items):
-        prompts_first = False
-        if var_positional:
-            args = list(lists)
-        elif num_agents == 1:
-            prompts_first = count != 1
-            args = [prompts, lists[0]] if prompts_first else [lists[0]]
-        elif count == num_agents + 1:
-            prompts_first, args = True, [prompts, *lists]
-        elif count == 1:
-            args = [lists]
-        else:
-            args = list(lists)
-        kwargs = {}
-        if "batch_items" in names or var_keyword:
-            kwargs["batch_items"] = items
-        if not prompts_first and ("prompts" in names or var_keyword):
-            kwargs["prompts"] = prompts
-        return func(*args, **kwargs)
-
-    return call
 
 
 def _listed(formatters, num_agents: int) -> list[Callable]:
