@@ -30,14 +30,17 @@ from multiagent_trl.comlrl import (
     MAReMaxConfig,
     MARLHFConfig,
     MARLHFIterConfig,
+    MARLHFTrainer,
     MARLOOConfig,
 )
+from multiagent_trl.comlrl.actor_critic import item_reward
 from multiagent_trl.preference.config import MultiAgentDPOConfig
 from multiagent_trl.preference.reward_model import JointRewardModel
 from multiagent_trl.preference.reward_training import JointPreferencePair, train_reward_model
 from multiagent_trl.preference.trainer import MultiAgentDPOTrainer
 
 from .conftest import changed, small_args, snapshot
+from .test_actor_critic import other_vocabulary_model
 
 CONFIGS = [
     MultiAgentGRPOConfig,
@@ -202,3 +205,100 @@ def test_a_reward_with_batch_items_trains_and_sees_the_rows(tmp_path, tiny_path,
     assert changed(before, trainer.model)
     prompts = {row["prompt"] for call in seen for row in call}
     assert seen and prompts <= set(prompts_dataset["prompt"]) and prompts
+
+
+# ---- settings refused at construction, naming the setting and the fix
+
+
+@pytest.mark.parametrize(
+    "config_class, fields, name",
+    [
+        (ActorCriticConfig, dict(critic_value_head_hidden_dim=0), "critic_value_head_hidden_dim"),
+        (IACConfig, dict(critic_value_head_hidden_dim=0), "critic_value_head_hidden_dim"),
+        (IACConfig, dict(use_separate_critic=False, value_head_hidden_dim=0), "value_head_hidden_dim"),
+        (MARLHFConfig, dict(rl_algorithm="iac", critic_value_head_hidden_dim=0), "critic_value_head_hidden_dim"),
+        (MARLHFConfig, dict(rl_algorithm="maac", critic_value_head_hidden_dim=0), "critic_value_head_hidden_dim"),
+    ],
+)
+def test_a_value_head_of_width_zero_is_refused(tmp_path, config_class, fields, name):
+    with pytest.raises(ValueError, match=rf"`{name}` must be a positive width .* or None"):
+        config_class(output_dir=str(tmp_path), report_to="none", **fields)
+
+
+def test_a_bogus_reward_model_device_is_refused_at_construction(tmp_path):
+    with pytest.raises(ValueError, match=r"`reward_model_device='bogus'` is not a device"):
+        MARLHFConfig(output_dir=str(tmp_path), report_to="none", reward_model_device="bogus")
+
+
+@pytest.mark.parametrize("config_class", [MADPOIterConfig, MARLHFIterConfig])
+def test_a_replay_dir_that_is_a_file_is_refused_at_construction(tmp_path, config_class):
+    path = tmp_path / "shards.json"
+    path.write_text("{}")
+    with pytest.raises(ValueError, match=r"`preference_replay_dir=.*shards.json'` is a file"):
+        config_class(output_dir=str(tmp_path), report_to="none", preference_replay_dir=str(path))
+
+
+BAD_CRITICS = {"missing": "/no/such/critic", "not a model": "{folder}", "bad id": "not a//repo id"}
+
+
+@pytest.mark.parametrize("bad", list(BAD_CRITICS))
+@pytest.mark.parametrize("family", ["native", "iac", "marlhf-iac", "marlhf-maac"])
+def test_a_critic_model_that_is_no_model_names_the_setting(tmp_path, tiny_path, prompts_dataset, family, bad):
+    source = BAD_CRITICS[bad].format(folder=tmp_path)
+    match = rf"`critic_model='{re.escape(source)}'` is not a model id or a folder holding a saved model"
+    with pytest.raises(ValueError, match=match):
+        if family == "native":
+            args = small_args(
+                tmp_path, ActorCriticConfig, num_agents=2, num_generations=2, per_device_train_batch_size=4
+            )
+            ActorCriticTrainer(
+                model=tiny_path,
+                reward_funcs=good_reward,
+                args=args,
+                train_dataset=prompts_dataset,
+                critic_model=source,
+            )
+        elif family == "iac":
+            args = IACConfig(
+                output_dir=str(tmp_path), num_turns=1, max_new_tokens=4, rollout_buffer_size=4, report_to="none"
+            )
+            IACTrainer(agent_model=tiny_path, critic_model=source, reward_func=good_reward, args=args)
+        else:
+            marlhf(tmp_path, tiny_path, prompts_dataset, family.split("-")[1], critic_model=source)
+
+
+def good_reward(completions1, completions2):
+    return [0.0] * len(completions1)
+
+
+def marlhf(tmp_path, tiny_path, dataset, algorithm, **kwargs):
+    args = MARLHFConfig(output_dir=str(tmp_path), rl_algorithm=algorithm, report_to="none", reward_model_device=None)
+    return MARLHFTrainer(agent_model=tiny_path, reward_func=good_reward, args=args, train_dataset=dataset, **kwargs)
+
+
+def test_marlhf_checks_an_independent_critics_vocabulary_at_construction(tmp_path, tiny_path, prompts_dataset):
+    with pytest.raises(ValueError, match="another tokenizer than agent 0"):
+        marlhf(tmp_path, tiny_path, prompts_dataset, "iac", critic_model=other_vocabulary_model(tmp_path))
+
+
+def test_a_reward_tensor_on_the_meta_device_names_the_function(tmp_path, tiny_path, prompts_dataset):
+    def meta_reward(completions1, completions2):
+        return torch.zeros(len(completions1), device="meta")
+
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=meta_reward,
+        args=small_args(tmp_path, num_agents=2),
+        train_dataset=prompts_dataset,
+    )
+    with pytest.raises(ValueError, match=r"'meta_reward' returned a tensor on the meta device"):
+        trainer.train()
+
+
+def test_a_comlrl_actor_critic_reward_tensor_on_the_meta_device_names_the_function():
+    def meta_reward(completions1, completions2):
+        return torch.zeros(len(completions1), device="meta")
+
+    bound = item_reward(meta_reward, None, num_agents=2, num_generations=2)
+    with pytest.raises(ValueError, match=r"'meta_reward' returned a tensor on the meta device"):
+        bound([("p", "p")] * 2, [("a", "b"), ("c", "d")], batch_items=[{"prompt": "p"}] * 2)

@@ -44,7 +44,7 @@ from .estimators import (
     value_positions,
     values_at,
 )
-from .value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHead
+from .value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHead, model_config_of
 
 # Keys `_score_agents` adds to each agent's part of the batch; `_compute_loss` takes them out before TRL's loss.
 CRITIC_KEYS = ("old_values", "value_targets", "critic_positions", "critic_input_ids", "critic_attention_mask")
@@ -312,6 +312,7 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             elif isinstance(source, (PreTrainedModel, PeftModel)):
                 critic = CausalLMWithValueHead(source, hidden)
             else:
+                model_config_of(source, "critic_model" if critic_model is not None else "model")
                 critic = CausalLMWithValueHead.from_pretrained(
                     str(source), value_head_hidden_dim=hidden, attach_value_head=True, **load_kwargs
                 )
@@ -333,21 +334,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
 
     def _check_critic_tokenizer(self, k: int, source, tokenizer, critic: CausalLMWithValueHead) -> None:
         """An IAC critic reads its agent's token ids: it must share the agent's vocabulary."""
-        agent_tokenizer = self._agent_views[k]["processing_class"]
-        agent_tokenizer = getattr(agent_tokenizer, "tokenizer", agent_tokenizer)  # a processor's tokenizer
-        name = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
-        if tokenizer is not None and tokenizer.get_vocab() != agent_tokenizer.get_vocab():
-            raise ValueError(
-                f"Critic {k} ({name}) has another tokenizer than agent {k}, but it reads agent {k}'s token ids (an "
-                "independent critic scores the agent's own tokens). Use a critic of the agent's model family (the "
-                "same tokenizer), or `joint_critic=True`, whose critic reads text with its own tokenizer."
-            )
         embeddings = critic.model.get_input_embeddings().num_embeddings
-        if embeddings < len(agent_tokenizer):
-            raise ValueError(
-                f"Critic {k} ({name}) embeds {embeddings} tokens, fewer than agent {k}'s tokenizer has "
-                f"({len(agent_tokenizer)}): it cannot read the agent's token ids. Use a critic of the agent's family."
-            )
+        check_critic_vocabulary(k, source, tokenizer, embeddings, self._agent_views[k]["processing_class"])
 
     def _check_joint_critic_length(self, critic: nn.Module) -> None:
         """A Q joint critic reads every agent's completion: refuse one whose context cannot hold them all."""
@@ -585,6 +573,24 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
+
+
+def check_critic_vocabulary(k: int, source, tokenizer, embeddings: int, agent_tokenizer) -> None:
+    """An independent critic (critic `k`, from `source`) reads agent k's token ids: raise a `ValueError` unless its
+    `tokenizer` (when known) has the agent's vocabulary and its model embeds at least as many tokens (`embeddings`)."""
+    agent_tokenizer = getattr(agent_tokenizer, "tokenizer", agent_tokenizer)  # a processor's tokenizer
+    name = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
+    if tokenizer is not None and tokenizer.get_vocab() != agent_tokenizer.get_vocab():
+        raise ValueError(
+            f"Critic {k} ({name}) has another tokenizer than agent {k}, but it reads agent {k}'s token ids (an "
+            "independent critic scores the agent's own tokens). Use a critic of the agent's model family (the "
+            "same tokenizer), or `joint_critic=True`, whose critic reads text with its own tokenizer."
+        )
+    if embeddings < len(agent_tokenizer):
+        raise ValueError(
+            f"Critic {k} ({name}) embeds {embeddings} tokens, fewer than agent {k}'s tokenizer has "
+            f"({len(agent_tokenizer)}): it cannot read the agent's token ids. Use a critic of the agent's family."
+        )
 
 
 def _per_critic(name: str, value, count: int) -> list | None:

@@ -38,10 +38,10 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_utils import SaveStrategy
 
-from ..actor_critic.config import ActorCriticConfig
+from ..actor_critic.config import ActorCriticConfig, check_hidden_dim
 from ..actor_critic.trainer import ActorCriticTrainer
-from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead
-from ..rewards.joint import bind_reward, comlrl_arguments, comlrl_passing
+from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead, model_config_of
+from ..rewards.joint import bind_reward, comlrl_arguments, comlrl_passing, tensor_values
 from ..rollout.turns import Transition
 from .reinforce import (
     PARALLEL_TRAINING,
@@ -280,6 +280,7 @@ class IACConfig(_ActorCriticFields):
     def __post_init__(self):
         self.comlrl_value_clip_range = self.value_clip_range
         self.comlrl_critic_value_head_hidden_dim = self.critic_value_head_hidden_dim
+        check_hidden_dim(self.value_head_hidden_dim, "value_head_hidden_dim")  # before it is mapped onto the critic's
         if self.use_separate_critic:
             self.critic_kind = "model"
             self.value_clip_range = None  # CoMLRL clips the value loss of a head on the agent only
@@ -400,7 +401,7 @@ def _expand(values: list[float], num_agents: int, num_generations: int, name: st
 
 def _as_floats(values, name: str) -> list[float]:
     if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().reshape(-1).tolist()
+        values = tensor_values(values.reshape(-1), name)
     elif isinstance(values, numbers.Real):
         values = [values]
     out = []
@@ -545,12 +546,18 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
                     "`model_config['critic_value_head_hidden_dim']` sizes MAAC's joint critic head; IAC reads "
                     "`IACConfig.critic_value_head_hidden_dim` (separate critics) or `value_head_hidden_dim` (heads)."
                 )
+            check_hidden_dim(
+                critic_config["critic_value_head_hidden_dim"], "model_config['critic_value_head_hidden_dim']"
+            )
             args.critic_value_head_hidden_dim = critic_config["critic_value_head_hidden_dim"]
         critic_sources = self._critic_sources(args, critic_model, critics)
         critic_models = None
         if critic_sources is not None:
             load_kwargs = _critic_load_kwargs(config, critic_config.get("critic_model_kwargs"))
-            critic_models = [_critic(s, args.critic_value_head_hidden_dim, load_kwargs) for s in critic_sources]
+            setting = "critic_model" if critics is None else "critics"
+            critic_models = [
+                _critic(s, args.critic_value_head_hidden_dim, load_kwargs, setting) for s in critic_sources
+            ]
 
         self.metrics_callback = metrics_callback
         self.wandb_config = wandb_config
@@ -861,7 +868,7 @@ def _critic_load_kwargs(model_config: dict, critic_kwargs: dict | None) -> dict:
     return kwargs
 
 
-def _critic(source, hidden_dim: int | None, load_kwargs: dict) -> CausalLMWithValueHead:
+def _critic(source, hidden_dim: int | None, load_kwargs: dict, setting: str) -> CausalLMWithValueHead:
     """A critic from CoMLRL's sources: an id or path (a `value_head.pt` there is loaded), a causal LM (a new head),
     or a CoMLRL or multiagent_trl `CausalLMWithValueHead` (its weights)."""
     if isinstance(source, CausalLMWithValueHead):
@@ -873,6 +880,7 @@ def _critic(source, hidden_dim: int | None, load_kwargs: dict) -> CausalLMWithVa
         return critic
     if isinstance(source, torch.nn.Module):
         return CausalLMWithValueHead(source, hidden_dim)
+    model_config_of(source, setting)  # a ValueError naming the setting, not the Hub's about a repo id
     return CausalLMWithValueHead.from_pretrained(
         str(source), value_head_hidden_dim=hidden_dim, attach_value_head=True, **load_kwargs
     )

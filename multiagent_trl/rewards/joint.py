@@ -139,6 +139,22 @@ def comlrl_arguments(
     return tuple(args), kw
 
 
+def tensor_values(values: torch.Tensor, name: str) -> list | float:
+    """The values of a tensor a reward function returned (`tolist()`), or a `ValueError` naming the function when it
+    holds none (a tensor on the meta device).
+
+    >>> tensor_values(torch.tensor([1.0, 2.0]), "f")
+    [1.0, 2.0]
+    """
+    if values.is_meta:
+        raise ValueError(
+            f"Reward function '{name}' returned a tensor on the meta device, which holds no values: compute the "
+            "rewards on a real device (a model loaded with `device_map='meta'` or under `init_empty_weights` has no "
+            "weights), or return plain numbers."
+        )
+    return values.detach().cpu().tolist()
+
+
 def check_rewards(values: Any, expected: int, name: str, num_agents: int = 1) -> list:
     """Validate what a reward function returned: `expected` numbers (or `None`), none of them NaN or infinite; or,
     with several agents, `expected` rows of `num_agents` numbers (one reward per agent). A tensor is read as its
@@ -150,8 +166,8 @@ def check_rewards(values: Any, expected: int, name: str, num_agents: int = 1) ->
     [[1.0, 0.0], [0.5, 0.5]]
     """
     if isinstance(values, torch.Tensor):
-        values = values.detach().cpu()
-        values = values.tolist() if values.dim() > 0 else [values.item()]
+        values = tensor_values(values, name)
+        values = values if isinstance(values, list) else [values]
     try:
         if isinstance(values, (str, bytes, dict)):  # iterable, but not rewards
             raise TypeError
