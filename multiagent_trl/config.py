@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +33,32 @@ AGENT_SETTINGS = (
     "generation_kwargs",
     "beta",
 )
+
+
+def check_finite_settings(config: Any) -> None:
+    """Raise a `ValueError` naming the first field of the dataclass `config` that holds a NaN or an infinity (a float,
+    or a list of them: a per-agent setting).
+
+    Every numeric setting of every config is checked, TRL's own (`learning_rate`, `beta`, `epsilon`, ...) included:
+    none means anything when it is not finite, and a NaN passes every `<`/`>` range check (it compares False) to turn
+    every weight it reaches into NaN, while Trainer's logged loss filters it out. `None` is the way to say "no value".
+
+    >>> check_finite_settings(MultiAgentGRPOConfig(output_dir="out", report_to="none", temperature=[0.7, 1.0]))
+    >>> MultiAgentGRPOConfig(output_dir="out", learning_rate=float("nan"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: `learning_rate` must be a finite number, got nan: ...
+    """
+    for f in dataclasses.fields(config):
+        if not f.init:
+            continue
+        value = getattr(config, f.name, None)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ValueError(
+                f"`{f.name}` must be a finite number, got {value!r}: NaN and infinity are not settings (use None "
+                "where a field takes no value)."
+            )
 
 
 @dataclass
@@ -318,7 +347,22 @@ class MultiAgentGRPOConfig(GRPOConfig):
         },
     )
 
+    def __init_subclass__(cls, **kwargs):
+        # A subclass's `__post_init__` reads, compares and maps its fields before calling ours, so the non-finite check
+        # must come first in each: a NaN would pass its range checks, or be mapped under another field's name.
+        super().__init_subclass__(**kwargs)
+        post_init = cls.__dict__.get("__post_init__")
+        if post_init is not None:
+
+            @functools.wraps(post_init)
+            def checked_post_init(self):
+                check_finite_settings(self)
+                post_init(self)
+
+            cls.__post_init__ = checked_post_init
+
     def __post_init__(self):
+        check_finite_settings(self)
         self._normalize_agent_settings()
         # TRL resolves an unset bf16 to True, which fails on a machine without a bf16-capable accelerator. Resolve it
         # from the hardware instead; an explicit choice is left to TRL and transformers to validate.

@@ -50,7 +50,7 @@ from .team.arguments import check_callables, check_prompt_column, per_agent, tea
 from .team.checkpointing import load_team_folders, save_atomically, save_team
 from .team.loading import load_team, reference_copies
 from .team.modules import AgentTeam, LoraAgentTeam
-from .team.optim import ParameterGroup, logged_losses, split_by_owner
+from .team.optim import ParameterGroup, check_finite_loss, logged_losses, split_by_owner
 from .team.placement import place_agents
 from .team.reference_sync import ReferenceSyncCallback
 from .team.views import (
@@ -279,6 +279,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def agent_metric_prefix(self, index: int) -> str:
         """Prefix of agent `index`'s metrics: `agent_{index}/`, or nothing for a team of one (TRL's own names)."""
         return f"agent_{index}/" if self.num_agents > 1 else ""
+
+    def loss_name(self, kind: str, index: int) -> str:
+        """How an error names agent `index`'s loss of `kind` ("policy loss", "DPO loss"): with its logged metric."""
+        return f"{kind} of agent {index} (`{self.agent_metric_prefix(index)}loss`)" if self.num_agents > 1 else kind
 
     def _agent_inputs(self, inputs: list[dict], index: int) -> list[dict]:
         return formatted_rows(inputs, self.formatters[index] if self.formatters else None, index)
@@ -535,6 +539,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
                     batch["advantages"] = batch["advantages"] * scale
                 with self._swap(**self._vllm_state(), beta=self.beta * scale):
                     loss = super()._compute_loss(model, batch)
+                if model.training and torch.is_grad_enabled():
+                    step = self.state.global_step + 1
+                    check_finite_loss(loss, self.loss_name("policy loss", i), step, self.accelerator)
                 agent_losses[i] = agent_losses[i] + loss.detach()
                 if separate_backward and k < len(parts) - 1:
                     self.accelerator.backward(loss)

@@ -10,6 +10,16 @@ CRITIC_TYPES = ("v", "q")
 CRITIC_KINDS = ("model", "head", "adapter")
 
 
+def check_hidden_dim(value: int | None, name: str) -> None:
+    """Raise a `ValueError` naming the setting `name` unless `value` is a value head's hidden width: a positive
+    integer, or `None` for no hidden layer. (CoMLRL reads 0 and negative widths as `None`: say `None`.)"""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(
+            f"`{name}` must be a positive width (a hidden `Linear -> Tanh` layer in the value head) or None (one "
+            f"linear layer); got {value!r}. CoMLRL reads 0 or a negative width as None: write None."
+        )
+
+
 @dataclass
 class ActorCriticConfig(MultiAgentGRPOConfig):
     r"""
@@ -116,11 +126,7 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
             raise ValueError(f"`value_clip_range` must be positive or None, got {self.value_clip_range}.")
         if self.critic_learning_rate is not None and self.critic_learning_rate < 0:
             raise ValueError(f"`critic_learning_rate` must be >= 0 or None, got {self.critic_learning_rate}.")
-        if self.critic_value_head_hidden_dim is not None and self.critic_value_head_hidden_dim < 0:
-            raise ValueError(
-                f"`critic_value_head_hidden_dim` must be positive, or None for none; got "
-                f"{self.critic_value_head_hidden_dim}."
-            )
+        check_hidden_dim(self.critic_value_head_hidden_dim, "critic_value_head_hidden_dim")
         if self.num_generations is not None and self.num_generations < 1:
             raise ValueError(f"`num_generations` must be at least 1, got {self.num_generations}.")
         if self.num_turns > 1 and self.num_generations not in (None, 1):

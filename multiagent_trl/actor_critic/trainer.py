@@ -33,7 +33,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
 from ..rewards.joint import weighted_sum
-from ..team.optim import ParameterGroup
+from ..team.optim import ParameterGroup, check_finite_loss
 from ..trainer import MultiAgentGRPOTrainer
 from .config import ActorCriticConfig
 from .estimators import (
@@ -44,7 +44,7 @@ from .estimators import (
     value_positions,
     values_at,
 )
-from .value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHead
+from .value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHead, model_config_of
 
 # Keys `_score_agents` adds to each agent's part of the batch; `_compute_loss` takes them out before TRL's loss.
 CRITIC_KEYS = ("old_values", "value_targets", "critic_positions", "critic_input_ids", "critic_attention_mask")
@@ -315,6 +315,7 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             elif isinstance(source, (PreTrainedModel, PeftModel)):
                 critic = CausalLMWithValueHead(source, hidden)
             else:
+                model_config_of(source, "critic_model" if critic_model is not None else "model")
                 critic = CausalLMWithValueHead.from_pretrained(
                     str(source), value_head_hidden_dim=hidden, attach_value_head=True, **load_kwargs
                 )
@@ -336,21 +337,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
 
     def _check_critic_tokenizer(self, k: int, source, tokenizer, critic: CausalLMWithValueHead) -> None:
         """An IAC critic reads its agent's token ids: it must share the agent's vocabulary."""
-        agent_tokenizer = self._agent_views[k]["processing_class"]
-        agent_tokenizer = getattr(agent_tokenizer, "tokenizer", agent_tokenizer)  # a processor's tokenizer
-        name = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
-        if tokenizer is not None and tokenizer.get_vocab() != agent_tokenizer.get_vocab():
-            raise ValueError(
-                f"Critic {k} ({name}) has another tokenizer than agent {k}, but it reads agent {k}'s token ids (an "
-                "independent critic scores the agent's own tokens). Use a critic of the agent's model family (the "
-                "same tokenizer), or `joint_critic=True`, whose critic reads text with its own tokenizer."
-            )
         embeddings = critic.model.get_input_embeddings().num_embeddings
-        if embeddings < len(agent_tokenizer):
-            raise ValueError(
-                f"Critic {k} ({name}) embeds {embeddings} tokens, fewer than agent {k}'s tokenizer has "
-                f"({len(agent_tokenizer)}): it cannot read the agent's token ids. Use a critic of the agent's family."
-            )
+        check_critic_vocabulary(k, source, tokenizer, embeddings, self._agent_views[k]["processing_class"])
 
     def _check_joint_critic_length(self, critic: nn.Module) -> None:
         """A Q joint critic reads every agent's completion: refuse one whose context cannot hold them all."""
@@ -474,6 +462,10 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
                     coef=self.args.value_loss_coef,
                 )
                 part = part if scored.any() else values.sum() * 0.0  # keeps the graph (DDP) with no scored row
+                if training:
+                    critic = "the joint critic" if self.args.joint_critic else f"agent {i}'s critic"
+                    name = f"value loss of {critic} (`{self.agent_metric_prefix(i)}value_loss`)"
+                    check_finite_loss(part, name, self.state.global_step + 1, self.accelerator)
                 losses.append(part)
                 logged = self.accelerator.gather(part.detach()[None]).mean().item()
                 self._metrics[mode][f"{self.agent_metric_prefix(i)}value_loss"].append(logged)
@@ -584,6 +576,24 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
+
+
+def check_critic_vocabulary(k: int, source, tokenizer, embeddings: int, agent_tokenizer) -> None:
+    """An independent critic (critic `k`, from `source`) reads agent k's token ids: raise a `ValueError` unless its
+    `tokenizer` (when known) has the agent's vocabulary and its model embeds at least as many tokens (`embeddings`)."""
+    agent_tokenizer = getattr(agent_tokenizer, "tokenizer", agent_tokenizer)  # a processor's tokenizer
+    name = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
+    if tokenizer is not None and tokenizer.get_vocab() != agent_tokenizer.get_vocab():
+        raise ValueError(
+            f"Critic {k} ({name}) has another tokenizer than agent {k}, but it reads agent {k}'s token ids (an "
+            "independent critic scores the agent's own tokens). Use a critic of the agent's model family (the "
+            "same tokenizer), or `joint_critic=True`, whose critic reads text with its own tokenizer."
+        )
+    if embeddings < len(agent_tokenizer):
+        raise ValueError(
+            f"Critic {k} ({name}) embeds {embeddings} tokens, fewer than agent {k}'s tokenizer has "
+            f"({len(agent_tokenizer)}): it cannot read the agent's token ids. Use a critic of the agent's family."
+        )
 
 
 def _per_critic(name: str, value, count: int) -> list | None:

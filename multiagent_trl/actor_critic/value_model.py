@@ -25,7 +25,7 @@ import torch
 from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 VALUE_HEAD_FILE = "value_head.pt"  # CoMLRL's name, next to the LM's (or the adapter's) files
@@ -404,3 +404,15 @@ class AdapterValueModel(nn.Module):
                 f"{self.value_head.hidden_dim}."
             )
         self.value_head.load_state_dict(state)
+
+
+def model_config_of(source: str | os.PathLike, setting: str) -> PretrainedConfig:
+    """The transformers config of the model id or folder `source`, or a `ValueError` naming the setting that gave it
+    when it is none (a missing folder, a folder without a saved model, a malformed id): raised before any loading."""
+    try:
+        return AutoConfig.from_pretrained(str(source))
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"`{setting}={str(source)!r}` is not a model id or a folder holding a saved model ({error}). Give a "
+            "causal LM's id or folder (with its config.json), or a model object."
+        ) from error

@@ -40,10 +40,10 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_utils import SaveStrategy
 
-from ..actor_critic.config import ActorCriticConfig
+from ..actor_critic.config import ActorCriticConfig, check_hidden_dim
 from ..actor_critic.trainer import ActorCriticTrainer
-from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead
-from ..rewards.joint import bind_reward
+from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead, model_config_of
+from ..rewards.joint import bind_reward, comlrl_arguments, comlrl_passing, tensor_values
 from ..rollout.turns import Transition
 from .reinforce import (
     PARALLEL_TRAINING,
@@ -282,6 +282,7 @@ class IACConfig(_ActorCriticFields):
     def __post_init__(self):
         self.comlrl_value_clip_range = self.value_clip_range
         self.comlrl_critic_value_head_hidden_dim = self.critic_value_head_hidden_dim
+        check_hidden_dim(self.value_head_hidden_dim, "value_head_hidden_dim")  # before it is mapped onto the critic's
         if self.use_separate_critic:
             self.critic_kind = "model"
             self.value_clip_range = None  # CoMLRL clips the value loss of a head on the agent only
@@ -358,7 +359,7 @@ def item_reward(
     shared by the completions; read per joint sample when `num_agents == num_generations`, as CoMLRL reads it).
     """
     name = getattr(func, "__name__", type(func).__name__)
-    passing = _reward_passing(func, num_agents)
+    passing, keywords = comlrl_passing(func, num_agents)  # the core's reading of CoMLRL's conventions
 
     def reward(prompts, completions, batch_items=None, **kwargs):  # the core's TRL convention: joint samples
         per_agent = [list(c) for c in zip(*completions)] if num_agents > 1 else [list(completions)]  # (N, samples)
@@ -369,7 +370,8 @@ def item_reward(
         for start in range(0, samples, num_generations):
             turn_prompts = list(prompts[start]) if num_agents > 1 else [prompts[start]]
             lists = [c[start : start + num_generations] for c in per_agent]
-            raw = _as_floats(passing(func, turn_prompts, lists, [batch_items[start]]), name)
+            args, kw = comlrl_arguments(passing, keywords, turn_prompts, lists, [batch_items[start]])
+            raw = _as_floats(func(*args, **kw), name)
             if processor is not None:
                 raw = [float(processor(r)) for r in raw]
             values.append(_expand(raw, num_agents, num_generations, name))
@@ -401,7 +403,7 @@ def _expand(values: list[float], num_agents: int, num_generations: int, name: st
 
 def _as_floats(values, name: str) -> list[float]:
     if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().reshape(-1).tolist()
+        values = tensor_values(values.reshape(-1), name)
     elif isinstance(values, numbers.Real):
         values = [values]
     out = []
@@ -412,41 +414,6 @@ def _as_floats(values, name: str) -> list[float]:
             raise ValueError(f"Reward function '{name}' returned {value!r}; rewards must be finite numbers.")
         out.append(float(value))
     return out
-
-
-def _reward_passing(func: Callable, num_agents: int) -> Callable:
-    """How CoMLRL passes one item's lists to `func`, read from its signature: `*args` -> `f(*lists)`; one agent:
-    `f(list)` or `f(prompts, list)`; N agents: N parameters -> `f(*lists)`, N + 1 -> `f(prompts, *lists)`, 1 ->
-    `f(lists)`, otherwise `f(*lists)`; `batch_items=` and `prompts=` (unless passed first) by keyword where named
-    or taken by `**kwargs`."""
-    params = list(inspect.signature(func).parameters.values())
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    names = {p.name for p in params}
-    var_positional = any(p.kind == p.VAR_POSITIONAL for p in params)
-    var_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
-    count = len(positional)
-
-    def call(func, prompts, lists, items):
-        prompts_first = False
-        if var_positional:
-            args = list(lists)
-        elif num_agents == 1:
-            prompts_first = count != 1
-            args = [prompts, lists[0]] if prompts_first else [lists[0]]
-        elif count == num_agents + 1:
-            prompts_first, args = True, [prompts, *lists]
-        elif count == 1:
-            args = [lists]
-        else:
-            args = list(lists)
-        kwargs = {}
-        if "batch_items" in names or var_keyword:
-            kwargs["batch_items"] = items
-        if not prompts_first and ("prompts" in names or var_keyword):
-            kwargs["prompts"] = prompts
-        return func(*args, **kwargs)
-
-    return call
 
 
 def _listed(formatters, num_agents: int) -> list[Callable]:
@@ -581,12 +548,18 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
                     "`model_config['critic_value_head_hidden_dim']` sizes MAAC's joint critic head; IAC reads "
                     "`IACConfig.critic_value_head_hidden_dim` (separate critics) or `value_head_hidden_dim` (heads)."
                 )
+            check_hidden_dim(
+                critic_config["critic_value_head_hidden_dim"], "model_config['critic_value_head_hidden_dim']"
+            )
             args.critic_value_head_hidden_dim = critic_config["critic_value_head_hidden_dim"]
         critic_sources = self._critic_sources(args, critic_model, critics)
         critic_models = None
         if critic_sources is not None:
             load_kwargs = _critic_load_kwargs(config, critic_config.get("critic_model_kwargs"))
-            critic_models = [_critic(s, args.critic_value_head_hidden_dim, load_kwargs) for s in critic_sources]
+            setting = "critic_model" if critics is None else "critics"
+            critic_models = [
+                _critic(s, args.critic_value_head_hidden_dim, load_kwargs, setting) for s in critic_sources
+            ]
 
         self.metrics_callback = metrics_callback
         self.wandb_config = wandb_config
@@ -897,7 +870,7 @@ def _critic_load_kwargs(model_config: dict, critic_kwargs: dict | None) -> dict:
     return kwargs
 
 
-def _critic(source, hidden_dim: int | None, load_kwargs: dict) -> CausalLMWithValueHead:
+def _critic(source, hidden_dim: int | None, load_kwargs: dict, setting: str) -> CausalLMWithValueHead:
     """A critic from CoMLRL's sources: an id or path (a `value_head.pt` there is loaded), a causal LM (a new head),
     or a CoMLRL or multiagent_trl `CausalLMWithValueHead` (its weights)."""
     if isinstance(source, CausalLMWithValueHead):
@@ -909,6 +882,7 @@ def _critic(source, hidden_dim: int | None, load_kwargs: dict) -> CausalLMWithVa
         return critic
     if isinstance(source, torch.nn.Module):
         return CausalLMWithValueHead(source, hidden_dim)
+    model_config_of(source, setting)  # a ValueError naming the setting, not the Hub's about a repo id
     return CausalLMWithValueHead.from_pretrained(
         str(source), value_head_hidden_dim=hidden_dim, attach_value_head=True, **load_kwargs
     )

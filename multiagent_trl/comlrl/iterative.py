@@ -131,6 +131,12 @@ class IterativePreferenceFields:
 
     def _check_iterative_fields(self) -> None:
         """CoMLRL's cross-field checks (`_validate_iterative_config`), then what is not supported here."""
+        folder = self.preference_replay_dir
+        if folder is not None and os.path.exists(folder) and not os.path.isdir(folder):
+            raise ValueError(
+                f"`preference_replay_dir={folder!r}` is a file; it must be a folder (new or holding earlier shards, "
+                "`iteration_XXXX.json`): give another path, or None for `output_dir/preference_replay`."
+            )
         if int(self.num_iterations) < 1:
             raise ValueError(f"`num_iterations` must be at least 1, got {self.num_iterations}.")
         self.num_iterations = int(self.num_iterations)

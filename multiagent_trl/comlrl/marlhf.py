@@ -96,9 +96,12 @@ from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_utils import get_last_checkpoint
 
+from ..actor_critic.config import check_hidden_dim
+from ..actor_critic.trainer import check_critic_vocabulary
+from ..actor_critic.value_model import model_config_of
 from ..preference.pairs import PAIR_SELECTIONS
 from ..preference.reward_model import JointRewardModel
 from ..preference.reward_training import summarize, train_reward_model
@@ -382,6 +385,13 @@ class MARLHFConfig(MAGRPOConfig):
             raise ValueError(f"`critic_type` must be 'v' or 'q', got {self.critic_type!r}.")
         if self.reward_model_device is not None:
             self.reward_model_device = str(self.reward_model_device)
+            try:
+                torch.device(self.reward_model_device)
+            except (RuntimeError, ValueError) as error:
+                raise ValueError(
+                    f"`reward_model_device={self.reward_model_device!r}` is not a device ({error}): give one such as "
+                    "'cuda:0' or 'cpu', or None for the team's device."
+                ) from error
         selection = str(self.pair_selection).strip().lower()
         if selection not in PAIR_SELECTIONS:
             raise ValueError(f"`pair_selection` must be one of {list(PAIR_SELECTIONS)}, got {self.pair_selection!r}.")
@@ -457,6 +467,7 @@ class MARLHFConfig(MAGRPOConfig):
             for name in MAAC_UNUSED_DEFAULTS:
                 values.pop(name)
             hidden = values.pop("critic_value_head_hidden_dim")
+            check_hidden_dim(hidden, "critic_value_head_hidden_dim")
             config = MAACConfig(**values, **self._trl_settings())
             config.critic_value_head_hidden_dim = hidden  # CoMLRL's MAAC reads it from model_config; see the docs
             return config
@@ -602,7 +613,7 @@ class MARLHFTrainer(MAGRPOTrainer):
         self.online_callbacks = callbacks
         self.online_trainer: IACTrainer | MAACTrainer | None = None  # the last online phase's trainer
         if args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
-            self._critic_sources()  # raises now if there is no critic to build
+            self._check_critics(*self._critic_sources())  # raises now if there is no critic to build
 
     def _check_online_arguments(self, args, metrics_callback, critic_model, critics, eval_logger, kwargs) -> None:
         """The constructor's actor-critic arguments against `rl_algorithm`, with CoMLRL's checks."""
@@ -649,6 +660,29 @@ class MARLHFTrainer(MAGRPOTrainer):
                 "or path), or pass `critic_model=` (an id or path) or `critics=[...]` (models)."
             )
         return source, None
+
+    def _check_critics(self, critic_model, critics) -> None:
+        """What the online trainer would refuse only after the pairs are drawn and the reward model is trained: a
+        critic id or folder that holds no model, or an independent critic (IAC) that cannot read its agent's token
+        ids. Critics given as model objects are checked when the online trainer builds them."""
+        if critic_model is None and critics is None:
+            return  # value heads on the agents
+        if critics is not None:
+            setting, sources = "critics", list(critics)
+        else:
+            setting = "critic_model" if self.critic_model_source is not None else "critic_model_name"
+            setting = setting if self.critic_model_source or self.args.critic_model_name else "agent_model"
+            sources = [critic_model] * (self.num_agents if self.args.rl_algorithm == "iac" else 1)
+        vocabularies: dict[str, tuple] = {}
+        for k, source in enumerate(sources):
+            if not isinstance(source, (str, os.PathLike)):
+                continue
+            if str(source) not in vocabularies:
+                config = model_config_of(source, setting)
+                vocabularies[str(source)] = (_saved_tokenizer(source), config.get_text_config().vocab_size)
+            if self.args.rl_algorithm == "iac":  # MAAC's joint critic reads text, not an agent's token ids
+                tokenizer, embeddings = vocabularies[str(source)]
+                check_critic_vocabulary(k, source, tokenizer, embeddings, self._agent_views[k]["processing_class"])
 
     # ------------------------------------------------------------------ the reward model
 
@@ -859,6 +893,14 @@ class _OnlineIAC(_RewardModelScored, IACTrainer):
 
 class _OnlineMAAC(_RewardModelScored, MAACTrainer):
     """MARLHF's online phase with `rl_algorithm="maac"`."""
+
+
+def _saved_tokenizer(source) -> PreTrainedTokenizerBase | None:
+    """The tokenizer saved with a model id or folder, or `None` where it has none."""
+    try:
+        return AutoTokenizer.from_pretrained(str(source))
+    except (OSError, ValueError):
+        return None
 
 
 __all__ = ["MARLHFConfig", "MARLHFTrainer"]

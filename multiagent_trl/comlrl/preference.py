@@ -41,7 +41,8 @@ Deliberate differences from CoMLRL 1.4.3, and why:
    `environment_steps_per_pair` are accepted but only set CoMLRL's W&B x-axis (environment steps = 2 per pair),
    which TRL's logging does not use. They, and MAGRPO's fields that CoMLRL's MADPO never reads (`discount`,
    `advantage_mode`, ...: `UNUSED_FIELDS`), log a warning when set to anything but their default.
-6. A non-finite loss is not replaced by a constant 0.1 without gradient (CoMLRL's); it reaches TRL's Trainer.
+6. A non-finite loss is not replaced by a constant 0.1 without gradient (CoMLRL's): it stops training with a
+   `FloatingPointError` naming the loss and the step, before any weight takes it.
 7. `reference_kl_enabled=True` raises: in CoMLRL's MADPO it loads reference models and never uses them. A frozen
    reference in the DPO loss is `reference_free=False` here.
 8. Evaluation needs no pair: it is MAGRPO's (one completion per item, `eval_turn_1/reward_mean`, ...), and the

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader
 
+from ..team.optim import check_finite_loss
 from .losses import bradley_terry_loss
 from .pairs import check_pair_set, select_pairs
 from .reward_model import JointRewardModel, joint_text
@@ -137,6 +138,7 @@ def train_reward_model(
             chosen = model.score([joint_text(p.prompts, p.chosen) for p in batch])  # (B,)
             rejected = model.score([joint_text(p.prompts, p.rejected) for p in batch])  # (B,)
             loss = bradley_terry_loss(chosen, rejected)
+            check_finite_loss(loss, "reward-model loss (`reward_model/loss`)", step + 1)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -43,6 +43,7 @@ from peft import PeftConfig, PeftModel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..team.modules import LoraAgentTeam
+from ..team.optim import check_finite_loss
 from ..team.views import swapped
 from ..trainer import MultiAgentGRPOTrainer
 from .config import MultiAgentDPOConfig
@@ -361,6 +362,8 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
                 loss = loss * 0.0
             if model.training:
                 loss = loss / self.current_gradient_accumulation_steps
+            if training:
+                check_finite_loss(loss, self.loss_name("DPO loss", i), self.state.global_step + 1, self.accelerator)
             losses.append(loss.detach())
             own.append((delta.detach(), chosen.detach(), rejected.detach()))
             if separate_backward and i < n - 1:

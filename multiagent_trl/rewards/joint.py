@@ -48,40 +48,65 @@ def reward_style(func: Callable, num_agents: int) -> str:
     return _convention(func, num_agents)[0]
 
 
-def _convention(func: Callable, num_agents: int) -> tuple[str, str | None, set[str]]:
-    """`(style, how the completions are passed, keywords passed)` for `func`, read from its signature.
-
-    CoMLRL style, as CoMLRL's `call_reward_function` calls it, with the number of required positional parameters:
-    N (one list per agent), N + 1 (the prompts first), 1 with N > 1 (one list of the N lists), or `*args`; plus the
-    keywords `batch_items=` (the dataset rows) and `prompts=` where the signature names them or takes `**kwargs`.
-    """
-    name = get_callable_name(func)
+def _signature(func: Callable) -> list[inspect.Parameter]:
     try:
-        params = list(inspect.signature(func).parameters.values())
+        return list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError) as err:
-        raise TypeError(f"Cannot read the signature of reward function '{name}'.") from err
+        raise TypeError(f"Cannot read the signature of reward function '{get_callable_name(func)}'.") from err
+
+
+def _convention(func: Callable, num_agents: int) -> tuple[str, str | None, set[str]]:
+    """`(style, how the completions are passed, keywords passed)` for `func`, read from its signature: TRL's
+    `f(prompts, completions, **kwargs)`, else CoMLRL's (`comlrl_passing`)."""
+    params = _signature(func)
     names = {p.name for p in params}
     var_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
     var_positional = any(p.kind == p.VAR_POSITIONAL for p in params)
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-    # `batch_items` (and `prompts` other than first) are passed by keyword, so they are not completion arguments.
-    positional = [p for k, p in enumerate(positional) if p.name != "batch_items" and (p.name != "prompts" or k == 0)]
+    positional = _completion_parameters(params)
     named_completions = any(p.name == "completions" and p.kind != p.VAR_POSITIONAL for p in params)
     # `f(completions)` alone, with several agents, is CoMLRL's single parameter (the list of per-agent lists); with
     # TRL's other keywords (or `**kwargs`), it is TRL's.
     if named_completions and (num_agents == 1 or var_keyword or "prompts" in names or len(positional) != 1):
         return TRL_STYLE, None, {"batch_items"} & names  # a named `batch_items` gets the rows, as in CoMLRL
+    if not positional and not var_positional and var_keyword:  # f(**kwargs) takes TRL's keyword arguments
+        return TRL_STYLE, None, set()
+    return (COMLRL_STYLE, *comlrl_passing(func, num_agents))
+
+
+def _completion_parameters(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """The required positional parameters that take completions: `batch_items` (and `prompts` other than first) are
+    passed by keyword, so they are not completion arguments."""
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    return [p for k, p in enumerate(positional) if p.name != "batch_items" and (p.name != "prompts" or k == 0)]
+
+
+def comlrl_passing(func: Callable, num_agents: int) -> tuple[str, set[str]]:
+    """How a CoMLRL-style reward `func` takes one call's completions, and which keywords it is passed, read from its
+    signature as CoMLRL's `call_reward_function` reads it; a `TypeError` that says what fits when nothing does.
+
+    The completions: `PER_AGENT_LISTS` (N required positional parameters), `PROMPTS_FIRST` (N + 1, the first not
+    named `completion...`), `NESTED` (1, with N > 1: one list of the N lists) or `VARARGS` (`*args`). The keywords:
+    `batch_items` (the dataset rows) and `prompts`, where the signature names them or takes `**kwargs`; a
+    `batch_items=None` parameter is a keyword, never a completion list. `comlrl_arguments` builds a call from them.
+
+    >>> comlrl_passing(lambda completions1, completions2, batch_items=None: [0.0], 2)
+    ('f(completions1, ..., completionsN)', {'batch_items'})
+    """
+    name = get_callable_name(func)
+    params = _signature(func)
+    names = {p.name for p in params}
+    var_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
+    var_positional = any(p.kind == p.VAR_POSITIONAL for p in params)
+    positional = _completion_parameters(params)
     keywords = {k for k in ("batch_items", "prompts") if k in names or var_keyword}
     if not positional and var_positional:
-        return COMLRL_STYLE, VARARGS, keywords
-    if not positional and var_keyword:  # f(**kwargs) takes TRL's keyword arguments
-        return TRL_STYLE, None, set()
+        return VARARGS, keywords
     if len(positional) == num_agents:
-        return COMLRL_STYLE, PER_AGENT_LISTS, keywords
+        return PER_AGENT_LISTS, keywords
     if len(positional) == 1 and num_agents > 1:
-        return COMLRL_STYLE, NESTED, keywords
+        return NESTED, keywords
     if len(positional) == num_agents + 1 and not positional[0].name.startswith("completion"):
-        return COMLRL_STYLE, PROMPTS_FIRST, keywords - {"prompts"}
+        return PROMPTS_FIRST, keywords - {"prompts"}
     if positional:
         raise TypeError(
             f"Reward function '{name}' takes {len(positional)} completion arguments "
@@ -97,6 +122,39 @@ def _convention(func: Callable, num_agents: int) -> tuple[str, str | None, set[s
     )
 
 
+def comlrl_arguments(
+    passing: str, keywords: set[str], prompts: list, per_agent: list[list], rows: list | None
+) -> tuple[tuple, dict]:
+    """The positional and keyword arguments of one call of a CoMLRL-style reward, as `comlrl_passing` read it:
+    `per_agent` holds one list of completions per agent, `prompts` and `rows` (the dataset rows, `batch_items`) what
+    the call's samples were prompted with.
+
+    >>> comlrl_arguments("f(completions1, ..., completionsN)", {"batch_items"}, ["p"], [["a"], ["b"]], [{"x": 1}])
+    ((['a'], ['b']), {'batch_items': [{'x': 1}]})
+    """
+    args = {PER_AGENT_LISTS: per_agent, VARARGS: per_agent, NESTED: [per_agent]}.get(passing, [prompts, *per_agent])
+    kw = {"prompts": prompts} if "prompts" in keywords else {}
+    if "batch_items" in keywords:
+        kw["batch_items"] = rows
+    return tuple(args), kw
+
+
+def tensor_values(values: torch.Tensor, name: str) -> list | float:
+    """The values of a tensor a reward function returned (`tolist()`), or a `ValueError` naming the function when it
+    holds none (a tensor on the meta device).
+
+    >>> tensor_values(torch.tensor([1.0, 2.0]), "f")
+    [1.0, 2.0]
+    """
+    if values.is_meta:
+        raise ValueError(
+            f"Reward function '{name}' returned a tensor on the meta device, which holds no values: compute the "
+            "rewards on a real device (a model loaded with `device_map='meta'` or under `init_empty_weights` has no "
+            "weights), or return plain numbers."
+        )
+    return values.detach().cpu().tolist()
+
+
 def check_rewards(values: Any, expected: int, name: str, num_agents: int = 1) -> list:
     """Validate what a reward function returned: `expected` numbers (or `None`), none of them NaN or infinite; or,
     with several agents, `expected` rows of `num_agents` numbers (one reward per agent). A tensor is read as its
@@ -108,8 +166,8 @@ def check_rewards(values: Any, expected: int, name: str, num_agents: int = 1) ->
     [[1.0, 0.0], [0.5, 0.5]]
     """
     if isinstance(values, torch.Tensor):
-        values = values.detach().cpu()
-        values = values.tolist() if values.dim() > 0 else [values.item()]
+        values = tensor_values(values, name)
+        values = values if isinstance(values, list) else [values]
     try:
         if isinstance(values, (str, bytes, dict)):  # iterable, but not rewards
             raise TypeError
@@ -294,13 +352,8 @@ def bind_reward(func: Callable, num_agents: int, per_sample: bool = False) -> Ca
         per_agent = [list(c) for c in zip(*completions)] if num_agents > 1 else [list(completions)]
         # CoMLRL's prompt of a joint sample is agent 0's (the one its formatter built).
         prompts = [p[0] for p in prompts] if num_agents > 1 else list(prompts)
-        args = {PER_AGENT_LISTS: per_agent, VARARGS: per_agent, NESTED: [per_agent]}.get(
-            passing, [prompts, *per_agent]
-        )
-        kw = {"prompts": prompts} if "prompts" in keywords else {}
-        if "batch_items" in keywords:  # the dataset rows, one per joint sample (the trainer adds them for us)
-            kw["batch_items"] = kwargs[ROWS_COLUMN]
-        return tuple(args), kw
+        # The dataset rows, one per joint sample: the trainer adds them for a function that takes `batch_items`.
+        return comlrl_arguments(passing, keywords, prompts, per_agent, kwargs.get(ROWS_COLUMN))
 
     def finish(values, expected: int) -> list:
         checked = check_rewards(values, expected, name, num_agents)

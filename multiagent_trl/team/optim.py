@@ -55,3 +55,32 @@ def logged_losses(losses: Sequence[torch.Tensor | float], accelerator: Accelerat
     device = accelerator.device
     stacked = torch.stack([torch.as_tensor(loss, dtype=torch.float32, device=device) for loss in losses])
     return (accelerator.gather(stacked[None]).mean(dim=0) * accumulation).tolist()  # (N,)
+
+
+def check_finite_loss(loss: torch.Tensor, name: str, step: int, accelerator: Accelerator | None = None) -> None:
+    """Raise a `FloatingPointError` naming the loss (`name`) and the training `step` when `loss` is NaN or infinite,
+    before it is backpropagated: one non-finite loss turns every weight it reaches into NaN, while Trainer's logged
+    loss filters it out (`logging_nan_inf_filter`). With several processes every one raises, so none waits on the
+    others in a collective.
+
+    >>> check_finite_loss(torch.tensor(0.5), "value loss", 1)
+    >>> check_finite_loss(torch.tensor(float("inf")), "value loss (`agent_0/value_loss`)", 3)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    FloatingPointError: The value loss (`agent_0/value_loss`) is inf at training step 3: ...
+    """
+    local = torch.isfinite(loss.detach()).all().float()
+    finite = local
+    if accelerator is not None and accelerator.num_processes > 1:
+        finite = accelerator.gather(local[None]).min()
+    if finite.item() == 1.0:
+        return
+    value = loss.detach().float()
+    shown = "not finite on another process" if local.item() == 1.0 else "not finite"
+    shown = f"{value.item()}" if value.numel() == 1 and local.item() != 1.0 else shown
+    raise FloatingPointError(
+        f"The {name} is {shown} at training step {step}: training stopped before this step's update, so no weight "
+        "holds NaN. Likely causes: rewards too large for the training precision (a squared error of a reward near "
+        "1e20 overflows float32: scale them, e.g. with a `reward_processor`), or a learning rate high enough to "
+        "diverge."
+    )

@@ -1,0 +1,304 @@
+"""Bad settings and inputs refused early, naming the setting: non-finite numbers in every family's config, a
+non-finite loss during training, CoMLRL's `batch_items` rewards in the actor-critic trainers, and raw errors that
+named no setting."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from multiagent_trl.actor_critic.config import ActorCriticConfig
+from multiagent_trl.actor_critic.trainer import ActorCriticTrainer
+from multiagent_trl.actor_critic.value_model import CausalLMWithValueHead
+from multiagent_trl.comlrl import (
+    CentralizedMAGRPOConfig,
+    IACConfig,
+    IACTrainer,
+    MAACConfig,
+    MAACTrainer,
+    MADPOConfig,
+    MADPOIterConfig,
+    MAGRPOConfig,
+    MAREINFORCEConfig,
+    MAReMaxConfig,
+    MARLHFConfig,
+    MARLHFIterConfig,
+    MARLHFTrainer,
+    MARLOOConfig,
+)
+from multiagent_trl.comlrl.actor_critic import item_reward
+from multiagent_trl.preference.config import MultiAgentDPOConfig
+from multiagent_trl.preference.reward_model import JointRewardModel
+from multiagent_trl.preference.reward_training import JointPreferencePair, train_reward_model
+from multiagent_trl.preference.trainer import MultiAgentDPOTrainer
+
+from .conftest import changed, small_args, snapshot
+from .test_actor_critic import other_vocabulary_model
+
+CONFIGS = [
+    MultiAgentGRPOConfig,
+    ActorCriticConfig,
+    MultiAgentDPOConfig,
+    MAGRPOConfig,
+    MAREINFORCEConfig,
+    MAReMaxConfig,
+    MARLOOConfig,
+    CentralizedMAGRPOConfig,
+    IACConfig,
+    MAACConfig,
+    MADPOConfig,
+    MADPOIterConfig,
+    MARLHFConfig,
+    MARLHFIterConfig,
+]
+
+
+def float_fields(config_class) -> list[tuple[str, bool]]:
+    """`(name, takes a list)` of every field of `config_class` typed as a float (TRL's, the team's, CoMLRL's)."""
+    found = []
+    for f in dataclasses.fields(config_class):
+        kind = str(f.type)
+        if f.init and re.search(r"\bfloat\b", kind):
+            found.append((f.name, "list[" in kind))
+    return found
+
+
+def test_the_table_covers_the_settings_users_set():
+    names = {name for cls in CONFIGS for name, _ in float_fields(cls)}
+    for name in (
+        "learning_rate",
+        "beta",
+        "epsilon",
+        "temperature",
+        "top_p",
+        "max_grad_norm",
+        "discount",
+        "critic_learning_rate",
+        "value_loss_coef",
+        "dpo_beta",
+        "agent_learning_rate",
+        "reward_learning_rate",
+    ):
+        assert name in names
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("config_class", CONFIGS, ids=lambda c: c.__name__)
+def test_non_finite_settings_are_refused_naming_the_field(tmp_path, config_class, value):
+    accepted = []
+    for name, listed in float_fields(config_class):
+        given = [value] if listed else value
+        try:
+            config_class(output_dir=str(tmp_path), report_to="none", **{name: given})
+        except ValueError as error:
+            if f"`{name}`" not in str(error) or "finite" not in str(error):
+                accepted.append(f"{name}: {error}")
+        else:
+            accepted.append(f"{name}: accepted")
+    assert not accepted, "\n".join(accepted)
+
+
+# ---- a non-finite loss stops training, naming the loss and the step, before any weight takes it
+
+
+def huge_reward(completions1, completions2):
+    """Finite, but its squared error overflows float32."""
+    return [1e20] * len(completions1)
+
+
+def test_an_overflowing_value_loss_stops_training_before_the_critics_update(tmp_path, tiny_path, prompts_dataset):
+    args = small_args(tmp_path, ActorCriticConfig, num_agents=2, num_generations=2, per_device_train_batch_size=4)
+    trainer = ActorCriticTrainer(model=tiny_path, reward_funcs=huge_reward, args=args, train_dataset=prompts_dataset)
+    before = [snapshot(critic) for critic in trainer.critics]
+    agents = snapshot(trainer.model)
+    message = r"value loss of agent 0's critic \(`agent_0/value_loss`\) is inf at training step 1"
+    with pytest.raises(FloatingPointError, match=message):
+        trainer.train()
+    for critic, weights in zip(trainer.critics, before):
+        assert not changed(weights, critic)
+        assert all(torch.isfinite(p).all() for p in critic.parameters())
+    assert not changed(agents, trainer.model)
+    trainer.save_model(str(tmp_path / "saved"))  # what a user saves after the error holds no NaN
+    saved = CausalLMWithValueHead.from_pretrained(str(tmp_path / "saved" / "agent_0" / "critic"))
+    assert all(torch.isfinite(p).all() for p in saved.parameters())
+
+
+def diverging_reward(holder: dict):
+    """A reward that turns agent 0's weights NaN once its completions are drawn (a diverged update would): the loss
+    then scores them with those weights."""
+
+    def reward(completions1, completions2):
+        for p in holder["trainer"].model.agents[0].parameters():
+            p.data.fill_(math.nan)
+        return [float(k % 2) for k in range(len(completions1))]
+
+    return reward
+
+
+@pytest.mark.parametrize(
+    "trainer_class, config_class, loss",
+    [
+        (MultiAgentGRPOTrainer, MultiAgentGRPOConfig, "policy loss"),
+        (MultiAgentDPOTrainer, MultiAgentDPOConfig, "DPO loss"),
+    ],
+    ids=["policy", "dpo"],
+)
+def test_a_nan_agent_loss_stops_training_naming_it(tmp_path, tiny_path, trainer_class, config_class, loss):
+    holder = {}
+    args = small_args(tmp_path, config_class, num_agents=2, per_device_train_batch_size=4, generation_mode="per_agent")
+    trainer = holder["trainer"] = trainer_class(
+        model=tiny_path,
+        reward_funcs=diverging_reward(holder),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["Name a fruit:", "Name a fish:"] * 2}),
+    )
+    agent_1 = snapshot(trainer.model.agents[1])
+    with pytest.raises(FloatingPointError, match=rf"{loss} of agent 0 \(`agent_0/loss`\) is nan at training step 1"):
+        trainer.train()
+    assert not changed(agent_1, trainer.model.agents[1])
+
+
+def test_a_nan_reward_model_loss_stops_its_training_naming_it(tiny_path):
+    model = JointRewardModel(AutoModelForCausalLM.from_pretrained(tiny_path), AutoTokenizer.from_pretrained(tiny_path))
+    model.reward_head.weight.data.fill_(math.nan)
+    backbone = snapshot(model.backbone)
+    pairs = [JointPreferencePair(("Hi", "Hi"), ("a", "b"), ("c", "d"), 1.0, 0.0)] * 2
+    with pytest.raises(
+        FloatingPointError, match=r"reward-model loss \(`reward_model/loss`\) is nan at training step 1"
+    ):
+        train_reward_model(model, pairs, learning_rate=1e-3, batch_size=2)
+    assert not changed(backbone, model.backbone)
+
+
+# ---- CoMLRL's `f(completions1, completions2, batch_items=None)` in the actor-critic trainers
+
+
+@pytest.mark.parametrize("family", ["native", "iac", "maac"])
+def test_a_reward_with_batch_items_trains_and_sees_the_rows(tmp_path, tiny_path, prompts_dataset, family):
+    seen = []
+
+    def reward(completions1, completions2, batch_items=None):
+        seen.append(batch_items)
+        return [float(len(b) > len(a)) for a, b in zip(completions1, completions2)]
+
+    if family == "native":
+        args = small_args(tmp_path, ActorCriticConfig, num_agents=2, num_generations=2, per_device_train_batch_size=4)
+        trainer = ActorCriticTrainer(model=tiny_path, reward_funcs=reward, args=args, train_dataset=prompts_dataset)
+    else:
+        config_class, trainer_class = (IACConfig, IACTrainer) if family == "iac" else (MAACConfig, MAACTrainer)
+        args = config_class(
+            output_dir=str(tmp_path), num_turns=1, num_generations=2, max_new_tokens=4, rollout_buffer_size=4,
+            max_steps=1, eval_interval=0, report_to="none",
+        )  # fmt: skip
+        trainer = trainer_class(
+            agent_model=tiny_path, critic_model=tiny_path, reward_func=reward, args=args, train_dataset=prompts_dataset
+        )
+    before = snapshot(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model)
+    prompts = {row["prompt"] for call in seen for row in call}
+    assert seen and prompts <= set(prompts_dataset["prompt"]) and prompts
+
+
+# ---- settings refused at construction, naming the setting and the fix
+
+
+@pytest.mark.parametrize(
+    "config_class, fields, name",
+    [
+        (ActorCriticConfig, dict(critic_value_head_hidden_dim=0), "critic_value_head_hidden_dim"),
+        (IACConfig, dict(critic_value_head_hidden_dim=0), "critic_value_head_hidden_dim"),
+        (IACConfig, dict(use_separate_critic=False, value_head_hidden_dim=0), "value_head_hidden_dim"),
+        (MARLHFConfig, dict(rl_algorithm="iac", critic_value_head_hidden_dim=0), "critic_value_head_hidden_dim"),
+        (MARLHFConfig, dict(rl_algorithm="maac", critic_value_head_hidden_dim=0), "critic_value_head_hidden_dim"),
+    ],
+)
+def test_a_value_head_of_width_zero_is_refused(tmp_path, config_class, fields, name):
+    with pytest.raises(ValueError, match=rf"`{name}` must be a positive width .* or None"):
+        config_class(output_dir=str(tmp_path), report_to="none", **fields)
+
+
+def test_a_bogus_reward_model_device_is_refused_at_construction(tmp_path):
+    with pytest.raises(ValueError, match=r"`reward_model_device='bogus'` is not a device"):
+        MARLHFConfig(output_dir=str(tmp_path), report_to="none", reward_model_device="bogus")
+
+
+@pytest.mark.parametrize("config_class", [MADPOIterConfig, MARLHFIterConfig])
+def test_a_replay_dir_that_is_a_file_is_refused_at_construction(tmp_path, config_class):
+    path = tmp_path / "shards.json"
+    path.write_text("{}")
+    with pytest.raises(ValueError, match=r"`preference_replay_dir=.*shards.json'` is a file"):
+        config_class(output_dir=str(tmp_path), report_to="none", preference_replay_dir=str(path))
+
+
+BAD_CRITICS = {"missing": "/no/such/critic", "not a model": "{folder}", "bad id": "not a//repo id"}
+
+
+@pytest.mark.parametrize("bad", list(BAD_CRITICS))
+@pytest.mark.parametrize("family", ["native", "iac", "marlhf-iac", "marlhf-maac"])
+def test_a_critic_model_that_is_no_model_names_the_setting(tmp_path, tiny_path, prompts_dataset, family, bad):
+    source = BAD_CRITICS[bad].format(folder=tmp_path)
+    match = rf"`critic_model='{re.escape(source)}'` is not a model id or a folder holding a saved model"
+    with pytest.raises(ValueError, match=match):
+        if family == "native":
+            args = small_args(
+                tmp_path, ActorCriticConfig, num_agents=2, num_generations=2, per_device_train_batch_size=4
+            )
+            ActorCriticTrainer(
+                model=tiny_path,
+                reward_funcs=good_reward,
+                args=args,
+                train_dataset=prompts_dataset,
+                critic_model=source,
+            )
+        elif family == "iac":
+            args = IACConfig(
+                output_dir=str(tmp_path), num_turns=1, max_new_tokens=4, rollout_buffer_size=4, report_to="none"
+            )
+            IACTrainer(agent_model=tiny_path, critic_model=source, reward_func=good_reward, args=args)
+        else:
+            marlhf(tmp_path, tiny_path, prompts_dataset, family.split("-")[1], critic_model=source)
+
+
+def good_reward(completions1, completions2):
+    return [0.0] * len(completions1)
+
+
+def marlhf(tmp_path, tiny_path, dataset, algorithm, **kwargs):
+    args = MARLHFConfig(output_dir=str(tmp_path), rl_algorithm=algorithm, report_to="none", reward_model_device=None)
+    return MARLHFTrainer(agent_model=tiny_path, reward_func=good_reward, args=args, train_dataset=dataset, **kwargs)
+
+
+def test_marlhf_checks_an_independent_critics_vocabulary_at_construction(tmp_path, tiny_path, prompts_dataset):
+    with pytest.raises(ValueError, match="another tokenizer than agent 0"):
+        marlhf(tmp_path, tiny_path, prompts_dataset, "iac", critic_model=other_vocabulary_model(tmp_path))
+
+
+def test_a_reward_tensor_on_the_meta_device_names_the_function(tmp_path, tiny_path, prompts_dataset):
+    def meta_reward(completions1, completions2):
+        return torch.zeros(len(completions1), device="meta")
+
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=meta_reward,
+        args=small_args(tmp_path, num_agents=2),
+        train_dataset=prompts_dataset,
+    )
+    with pytest.raises(ValueError, match=r"'meta_reward' returned a tensor on the meta device"):
+        trainer.train()
+
+
+def test_a_comlrl_actor_critic_reward_tensor_on_the_meta_device_names_the_function():
+    def meta_reward(completions1, completions2):
+        return torch.zeros(len(completions1), device="meta")
+
+    bound = item_reward(meta_reward, None, num_agents=2, num_generations=2)
+    with pytest.raises(ValueError, match=r"'meta_reward' returned a tensor on the meta device"):
+        bound([("p", "p")] * 2, [("a", "b"), ("c", "d")], batch_items=[{"prompt": "p"}] * 2)
