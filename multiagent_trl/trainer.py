@@ -576,6 +576,11 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             tokenizers = [view["processing_class"] for view in self._agent_views]
             save_team(self.model, tokenizers, output_dir or self.args.output_dir, state_dict, self.args)
 
+    def shared_folders(self) -> dict[str, str]:
+        """What `save_model` writes beside the agents' folders for the team (folder name -> what it is, in words),
+        which `push_to_hub` uploads and describes with them: nothing here (a subclass adds its own)."""
+        return {}
+
     def checkpoint_model_folders(self) -> list[str]:
         """The model folders a checkpoint of this trainer holds, relative to it: `agent_{i}` (a subclass adds its
         own, such as critics)."""

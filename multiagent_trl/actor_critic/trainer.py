@@ -555,6 +555,23 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             with open(os.path.join(output_dir, CRITIC_SETTINGS_FILE), "w", encoding="utf-8") as f:
                 json.dump(self.critic_settings(), f, indent=2)
 
+    def shared_folders(self) -> dict[str, str]:
+        """A joint critic (`critic/`, MAAC), described for the Hub card; IAC critics are in their agents' folders."""
+        if not self.args.joint_critic:
+            return {}
+        args = self.args
+        loader = "`CausalLMWithValueHead.from_pretrained(folder)`" if args.critic_kind == "model" else (
+            "`AdapterValueModel.load_pretrained(folder)` on the team's base"
+        )  # fmt: skip
+        return {
+            CRITIC_FOLDER: (
+                f"The team's joint critic (MAAC): a value model that reads every agent's prompt"
+                f"{' and completion' if args.critic_type == 'q' else ''} as one text, with `value_head.pt` (CoMLRL's "
+                f"layout). `critic_type`: `{args.critic_type}`, `critic_kind`: `{args.critic_kind}`. Load it with "
+                f"{loader} (multiagent_trl.actor_critic.value_model)."
+            )
+        }
+
     def checkpoint_model_folders(self) -> list[str]:
         """The agents' folders, and each critic's (`critic_dir`) unless the critics are heads on the agents."""
         folders = super().checkpoint_model_folders()
