@@ -63,14 +63,17 @@ def hub_base_name(args: MultiAgentGRPOConfig, repo_id: str | None = None) -> str
     return repo_id or args.hub_model_id or Path(args.output_dir).name
 
 
-def team_repo_names(base: str, num_agents: int, single_repo: bool = False) -> list[str]:
-    """The repos a team is pushed to (one per agent, or `base` alone with `single_repo`), each checked as a Hub repo
+def team_repo_names(base: str, num_agents: int, single_repo: bool = False, shared: Sequence[str] = ()) -> list[str]:
+    """The repos a team is pushed to (one per agent, then one per folder the team `shared` (its trainer's
+    `shared_folders()`, such as MAAC's joint critic), or `base` alone with `single_repo`), each checked as a Hub repo
     id, so that a bad name fails before training and before any repo is created.
 
     >>> team_repo_names("me/story-team", 2)
     ['me/story-team-agent-0', 'me/story-team-agent-1']
+    >>> team_repo_names("me/story-team", 2, shared=["critic"])[-1]
+    'me/story-team-critic'
     """
-    names = [base] if single_repo else agent_repo_ids(base, num_agents)
+    names = [base] if single_repo else [*agent_repo_ids(base, num_agents), *(f"{base}-{name}" for name in shared)]
     for name in names:
         try:
             validate_repo_id(name)
@@ -136,6 +139,7 @@ def agent_card(
     subfolder: str | None = None,
     adapter: bool = False,
     run_links: dict[str, str] | None = None,
+    shared: dict[str, tuple[str, str]] | None = None,
 ) -> ModelCard:
     """The model card of agent `agent` of a team whose agents live in `repo_ids` (one per agent).
 
@@ -152,6 +156,7 @@ def agent_card(
         subfolder: The agent's folder in its repo (`agent_i` with one repo for the team), or `None`.
         adapter: Whether the agent is a LoRA adapter (loaded with `PeftModel.from_pretrained`).
         run_links: The training run's pages by tracker (`{"Weights & Biases": url}`), as TRL's cards link them.
+        shared: What the team shares beside its agents (a joint critic, ...): folder name -> (its link, what it is).
 
     Returns:
         A `huggingface_hub.ModelCard`; `str(card)` is the README.md text.
@@ -184,6 +189,10 @@ def agent_card(
     config_rows = "\n".join(f"| `{k}` | `{v}` |" for k, v in config.items())
     metric_rows = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in metrics.items()) or "| (none logged) | |"
     runs = "".join(f"\n\nTraining run: [{name}]({url})." for name, url in (run_links or {}).items())
+    shared_rows = "".join(f"\n| `{name}/` | {link} | {what} |" for name, (link, what) in (shared or {}).items())
+    shared_section = (
+        f"\n\n## Shared by the team\n\n| Folder | Where | What |\n|---|---|---|{shared_rows}" if shared_rows else ""
+    )
     body = f"""# Agent {agent} of a team of {num_agents}
 
 This model is agent {agent} of {num_agents} agents trained together with multiagent_trl (MAGRPO: GRPO on one joint
@@ -194,7 +203,7 @@ its rewards depend on their answers too.{runs}
 
 | Agent | Repo |
 |---|---|
-{team}
+{team}{shared_section}
 
 ## Role
 
@@ -321,17 +330,33 @@ def write_team_folder(
     """Write the team to `folder` as it is uploaded, and return the uploads: `(repo id, local folder)` pairs.
 
     Each agent goes to `folder/agent_{i}/` (`trainer.save_model(folder)`, skipped with `save=False`) with its
-    `README.md` card. With `single_repo`, `repo_ids` holds one id, `folder` holds a team `README.md` too, and the one
-    upload is `folder`'s `README.md` and `agent_*/` folders; otherwise one upload per agent folder. `details` are the
-    cards' `card_details`, built here when `None`.
+    `README.md` card; so does each folder the team shares (`trainer.shared_folders()`: MAAC's joint critic in
+    `critic/`, ...), with a card of its own, and the agents' cards say where it is. With `single_repo`, `repo_ids`
+    holds one id, `folder` holds a team `README.md` too, and the one upload is `folder`'s `README.md`, `agent_*/` and
+    shared folders; otherwise one upload per agent folder, then one per shared folder (`repo_ids` as
+    `team_repo_names` gives them). `details` are the cards' `card_details`, built here when `None`.
     """
     num_agents = trainer.num_agents
-    ids = [repo_ids[0]] * num_agents if single_repo else list(repo_ids)
-    if len(ids) != num_agents:
-        raise ValueError(f"{len(ids)} repo ids for {num_agents} agents: give one per agent (or single_repo=True).")
+    shared = shared_folders(trainer)
+    ids = [repo_ids[0]] * (num_agents + len(shared)) if single_repo else list(repo_ids)
+    if len(ids) != num_agents + len(shared):
+        raise ValueError(
+            f"{len(ids)} repo ids for {num_agents} agents and the shared folders {list(shared)}: give one per agent "
+            "and one per shared folder (`team_repo_names(..., shared=trainer.shared_folders())`), or single_repo=True."
+        )
     details = card_details(trainer) if details is None else details
     if save:
         trainer.save_model(folder, _internal_call=True)  # not a push of its own with `args.push_to_hub`
+    links = {}
+    for k, (name, what) in enumerate(shared.items()):
+        repo = ids[num_agents + k]
+        link = (
+            f"[{repo}/{name}](https://huggingface.co/{repo}/tree/main/{name})"
+            if single_repo
+            else f"[{repo}](https://huggingface.co/{repo})"
+        )
+        links[name] = (link, what)
+        shared_card(name, what, ids[:num_agents], single_repo).save(os.path.join(folder, name, "README.md"))
     cards = []
     for i in range(num_agents):
         agent_dir = os.path.join(folder, f"agent_{i}")
@@ -343,6 +368,7 @@ def write_team_folder(
             tags=tags,
             subfolder=f"agent_{i}" if single_repo else None,
             adapter=os.path.exists(os.path.join(agent_dir, "adapter_config.json")),
+            shared=links,
         )
         card.save(os.path.join(agent_dir, "README.md"))
         cards.append(card)
@@ -351,10 +377,45 @@ def write_team_folder(
             f"---\n{cards[0].data.to_yaml()}\n---\n\n# A team of {num_agents} agents\n\n"
             + "\n".join(f"- [`agent_{i}/`](agent_{i}/README.md)" for i in range(num_agents))
             + "\n\nEach folder is one agent, with its own model card.\n"
+            + "".join(f"\n- [`{name}/`]({name}/README.md): {what}\n" for name, what in shared.items())
         )
         team_card.save(os.path.join(folder, "README.md"))
         return [(ids[0], folder)]
-    return [(ids[i], os.path.join(folder, f"agent_{i}")) for i in range(num_agents)]
+    agents = [(ids[i], os.path.join(folder, f"agent_{i}")) for i in range(num_agents)]
+    return agents + [(ids[num_agents + k], os.path.join(folder, name)) for k, name in enumerate(shared)]
+
+
+def shared_folders(trainer) -> dict[str, str]:
+    """What `trainer` saves beside its agents for the team (`trainer.shared_folders()`; none for a trainer without
+    the method): folder name -> what it is."""
+    method = getattr(trainer, "shared_folders", None)
+    return dict(method()) if method is not None else {}
+
+
+def shared_card(name: str, what: str, agent_repo_ids: Sequence[str], single_repo: bool) -> ModelCard:
+    """The card of a folder the team shares (`name/`, described by `what`): what it is and the team's agents."""
+    from . import __version__
+
+    data = ModelCardData(library_name="transformers", tags=sorted({"multiagent_trl", "trl", name}))
+    agents = "\n".join(
+        f"| {i} | [{repo}/agent_{i}](https://huggingface.co/{repo}/tree/main/agent_{i}) |"
+        if single_repo
+        else f"| {i} | [{repo}](https://huggingface.co/{repo}) |"
+        for i, repo in enumerate(agent_repo_ids)
+    )
+    body = f"""# `{name}/` of a team of {len(agent_repo_ids)} agents
+
+{what}
+
+## Team
+
+| Agent | Repo |
+|---|---|
+{agents}
+
+Trained with multiagent_trl {__version__}.
+"""
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
 
 def push_team(
@@ -368,8 +429,9 @@ def push_team(
     dataset_name: str | None = None,
     tags: Sequence[str] = (),
 ) -> list[str]:
-    """Save the team and push it to the Hub: one repo per agent (`<repo_id>-agent-{i}`) or, with `single_repo`, one
-    repo `repo_id` with `agent_i/` folders. Returns the repos' URLs (an empty list on processes other than the main
+    """Save the team and push it to the Hub: one repo per agent (`<repo_id>-agent-{i}`, and `<repo_id>-<name>` per
+    folder the team shares, such as `-critic` for MAAC's joint critic) or, with `single_repo`, one repo `repo_id`
+    with `agent_i/` (and shared) folders. Returns the repos' URLs (an empty list on processes other than the main
     one).
 
     `repo_id` defaults to `args.hub_model_id`, else the name of `args.output_dir`; without a namespace the repos go
@@ -379,7 +441,8 @@ def push_team(
     from huggingface_hub import HfApi
 
     args = trainer.args
-    names = team_repo_names(hub_base_name(args, repo_id), trainer.num_agents, single_repo)
+    shared = shared_folders(trainer)
+    names = team_repo_names(hub_base_name(args, repo_id), trainer.num_agents, single_repo, shared)
     token = token if token is not None else args.hub_token
     private = private if private is not None else args.hub_private_repo
     trainer.save_model(args.output_dir, _internal_call=True)  # Trainer.save_model would push with args.push_to_hub
@@ -393,7 +456,7 @@ def push_team(
     uploads = write_team_folder(trainer, args.output_dir, ids, single_repo, dataset_name, tags, False, details)
     urls = []
     for repo, path in uploads:
-        patterns = ["README.md", "agent_*/**"] if single_repo else None
+        patterns = ["README.md", "agent_*/**", *(f"{name}/**" for name in shared)] if single_repo else None
         api.upload_folder(
             repo_id=repo,
             folder_path=path,

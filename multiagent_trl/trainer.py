@@ -48,6 +48,7 @@ from .rollout.turns import Transition, add_completion_rows, completion_rows, for
 from .team import sharding
 from .team.arguments import check_callables, check_prompt_column, per_agent, team_config
 from .team.checkpointing import load_team_folders, save_atomically, save_team
+from .team.folders import check_checkpoint
 from .team.loading import load_team, reference_copies
 from .team.modules import AgentTeam, LoraAgentTeam
 from .team.optim import ParameterGroup, check_finite_loss, logged_losses, split_by_owner
@@ -590,7 +591,38 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
             tokenizers = [view["processing_class"] for view in self._agent_views]
             save_team(self.model, tokenizers, output_dir or self.args.output_dir, state_dict, self.args)
 
+    def shared_folders(self) -> dict[str, str]:
+        """What `save_model` writes beside the agents' folders for the team (folder name -> what it is, in words),
+        which `push_to_hub` uploads and describes with them: nothing here (a subclass adds its own)."""
+        return {}
+
+    def checkpoint_model_folders(self) -> list[str]:
+        """The model folders a checkpoint of this trainer holds, relative to it: `agent_{i}` (a subclass adds its
+        own, such as critics)."""
+        return [f"agent_{i}" for i in range(self.num_agents)]
+
+    def checkpoint_files(self, folder: str) -> list[str]:
+        """More files (relative) that the checkpoint `folder` must hold beside its model folders and the training
+        state (a subclass adds its own)."""
+        return []
+
+    def check_checkpoint(self, folder: str) -> None:
+        """Refuse a damaged checkpoint before any of it is loaded: every model folder's weights, the optimizer,
+        scheduler and RNG states (together), `trainer_state.json` and every other saved file there, present and
+        readable (`team.folders.check_checkpoint`). Raises `FileNotFoundError` or `ValueError` naming the file."""
+        engine = self.is_fsdp_enabled or self.is_deepspeed_enabled  # the engine's own layout of weights and state
+        check_checkpoint(
+            folder,
+            model_folders=[] if engine else self.checkpoint_model_folders(),
+            required=self.checkpoint_files(folder),
+            process_index=self.args.process_index,
+            world_size=self.args.world_size,
+            engine_state=engine,
+        )
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        # Checked whole first: loading file by file would overwrite some weights before failing on a damaged file.
+        self.check_checkpoint(resume_from_checkpoint)
         if self.is_fsdp_enabled:  # the team's state as the engine saved it (all ranks load their shards)
             return sharding.load_checkpoint(self.accelerator, self.model, resume_from_checkpoint)
         load_team_folders(self.model, resume_from_checkpoint, self.num_agents)

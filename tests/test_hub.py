@@ -5,6 +5,7 @@ must name the team, the agent's role, the joint reward, the config and the agent
 load with `from_pretrained`.
 """
 
+import os
 import re
 
 import pytest
@@ -198,3 +199,53 @@ def test_a_team_of_one_card_shows_its_metrics(tmp_path, tiny_path, prompts_datas
     assert "(none logged)" not in metrics
     assert "| `reward` |" in metrics and "| `loss` |" in metrics
     assert "`epoch`" not in metrics and "`train_runtime`" not in metrics  # the Trainer's run summary is no metric
+
+
+@pytest.mark.parametrize("single_repo", [False, True])
+def test_a_joint_critic_is_uploaded_and_described(
+    tmp_path, tiny_path, prompts_dataset, hub_calls, monkeypatch, single_repo
+):
+    """MAAC's joint critic (`critic/` beside the agents) is pushed with the team: in its own repo `<base>-critic`
+    (or as `critic/` of the one repo), with a card, and the agents' cards say where it is."""
+    from multiagent_trl.actor_critic.config import ActorCriticConfig
+    from multiagent_trl.actor_critic.trainer import ActorCriticTrainer
+    from multiagent_trl.actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead
+    from multiagent_trl.hub import team_repo_names
+
+    args = small_args(
+        tmp_path, ActorCriticConfig, num_agents=2, max_steps=1, per_device_train_batch_size=4, num_generations=2,
+        max_completion_length=6, joint_critic=True,
+    )  # fmt: skip
+    trainer = ActorCriticTrainer(model=tiny_path, reward_funcs=length_ratio, args=args, train_dataset=prompts_dataset)
+    trainer.train()
+    assert trainer.shared_folders().keys() == {"critic"}
+    names = team_repo_names("me/team", 2, single_repo, shared=trainer.shared_folders())
+    assert names == (["me/team"] if single_repo else ["me/team-agent-0", "me/team-agent-1", "me/team-critic"])
+    uploads = write_team_folder(trainer, str(tmp_path / "hub"), names, single_repo=single_repo)
+    critic = tmp_path / "hub" / "critic"
+    if single_repo:
+        assert uploads == [("me/team", str(tmp_path / "hub"))]
+        assert "critic/" in (tmp_path / "hub" / "README.md").read_text()
+    else:
+        assert uploads[-1] == ("me/team-critic", str(critic))
+    card = (critic / "README.md").read_text()
+    assert "joint critic" in card and "`critic_type`: `v`" in card and "CausalLMWithValueHead" in card
+    for i in range(2):
+        assert ("me/team/critic" if single_repo else "me/team-critic") in (
+            tmp_path / "hub" / f"agent_{i}" / "README.md"
+        ).read_text()
+    assert (critic / VALUE_HEAD_FILE).is_file()
+    CausalLMWithValueHead.from_pretrained(str(critic))  # the folder as uploaded loads
+
+    uploaded = []  # (repo, folder, allow_patterns) of each upload
+    monkeypatch.setattr(
+        "huggingface_hub.HfApi.upload_folder",
+        lambda self, repo_id, folder_path, **kw: uploaded.append((repo_id, os.path.basename(folder_path),
+                                                                  kw.get("allow_patterns"))),
+    )  # fmt: skip
+    trainer.args.output_dir = str(tmp_path / "push")
+    trainer.push_to_hub(repo_id="team", single_repo=single_repo)
+    assert uploaded == ([("user/team", "push", ["README.md", "agent_*/**", "critic/**"])] if single_repo else [
+        ("user/team-agent-0", "agent_0", None), ("user/team-agent-1", "agent_1", None),
+        ("user/team-critic", "critic", None),
+    ])  # fmt: skip

@@ -332,5 +332,5 @@ def test_reward_model_save_load_and_freeze(tmp_path):
     texts = [joint_text(["a", "b"], ["c", "d"])]
     with torch.no_grad():
         torch.testing.assert_close(loaded.score(texts), model.score(texts))
-    fresh = JointRewardModel.from_pretrained(path)  # a plain causal LM folder: a new head
+    fresh = JointRewardModel.from_causal_lm(path)  # a plain causal LM folder: a new head, when asked for
     assert fresh.reward_head.weight.shape == model.reward_head.weight.shape

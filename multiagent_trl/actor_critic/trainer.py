@@ -21,6 +21,7 @@ critic's gradients clipped on their own.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -49,6 +50,7 @@ from .value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHe
 # Keys `_score_agents` adds to each agent's part of the batch; `_compute_loss` takes them out before TRL's loss.
 CRITIC_KEYS = ("old_values", "value_targets", "critic_positions", "critic_input_ids", "critic_attention_mask")
 CRITIC_FOLDER = "critic"
+CRITIC_SETTINGS_FILE = "critics.json"  # at the checkpoint's root: what its critics are (`critic_settings`)
 
 
 class CriticRouting:
@@ -533,12 +535,70 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             return os.path.join(output_dir, CRITIC_FOLDER)
         return os.path.join(output_dir, f"agent_{index}", CRITIC_FOLDER)
 
+    def critic_settings(self) -> dict[str, object]:
+        """What a checkpoint records of its critics (`critics.json`), so that a trainer whose critics read other
+        positions or texts refuses it: `critic_type`, `critic_kind`, `joint_critic`."""
+        args = self.args
+        return {"critic_type": args.critic_type, "critic_kind": args.critic_kind, "joint_critic": args.joint_critic}
+
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         super()._save(output_dir, state_dict)
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if self.args.should_save:
             for k in range(self.num_critics):
                 self.save_critic(k, output_dir)
+            with open(os.path.join(output_dir, CRITIC_SETTINGS_FILE), "w", encoding="utf-8") as f:
+                json.dump(self.critic_settings(), f, indent=2)
+
+    def shared_folders(self) -> dict[str, str]:
+        """A joint critic (`critic/`, MAAC), described for the Hub card; IAC critics are in their agents' folders."""
+        if not self.args.joint_critic:
+            return {}
+        args = self.args
+        loader = "`CausalLMWithValueHead.from_pretrained(folder)`" if args.critic_kind == "model" else (
+            "`AdapterValueModel.load_pretrained(folder)` on the team's base"
+        )  # fmt: skip
+        return {
+            CRITIC_FOLDER: (
+                f"The team's joint critic (MAAC): a value model that reads every agent's prompt"
+                f"{' and completion' if args.critic_type == 'q' else ''} as one text, with `value_head.pt` (CoMLRL's "
+                f"layout). `critic_type`: `{args.critic_type}`, `critic_kind`: `{args.critic_kind}`. Load it with "
+                f"{loader} (multiagent_trl.actor_critic.value_model)."
+            )
+        }
+
+    def checkpoint_model_folders(self) -> list[str]:
+        """The agents' folders, and each critic's (`critic_dir`) unless the critics are heads on the agents."""
+        folders = super().checkpoint_model_folders()
+        if self.args.critic_kind != "head":
+            folders += [self.critic_dir("", k) for k in range(self.num_critics)]
+        return folders
+
+    def checkpoint_files(self, folder: str) -> list[str]:
+        """Each critic's `value_head.pt` (in its folder, or `agent_{i}/value_head.pt` for a head on the agent)."""
+        if self.args.critic_kind == "head":
+            heads = [os.path.join(f"agent_{k}", VALUE_HEAD_FILE) for k in range(self.num_critics)]
+        else:
+            heads = [os.path.join(self.critic_dir("", k), VALUE_HEAD_FILE) for k in range(self.num_critics)]
+        return [*super().checkpoint_files(folder), *heads]
+
+    def check_checkpoint(self, folder: str) -> None:
+        """`MultiAgentGRPOTrainer.check_checkpoint`, the critics' files included, and the critics' settings: a
+        checkpoint whose `critics.json` records another `critic_type` (V values read at the prompt's end, Q values at
+        the completion's) or another critic layout is refused. A checkpoint without it (older) is not checked."""
+        super().check_checkpoint(folder)
+        path = os.path.join(folder, CRITIC_SETTINGS_FILE)
+        if not os.path.isfile(path):
+            return
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        for name, value in self.critic_settings().items():
+            if name in saved and saved[name] != value:
+                raise ValueError(
+                    f"This trainer has {name}={value!r}, but the checkpoint {folder} holds critics with "
+                    f"{name}={saved[name]!r} (recorded in {CRITIC_SETTINGS_FILE}): their values do not fit this "
+                    f"trainer. Resume with {name}={saved[name]!r}, or start the critics afresh."
+                )
 
     def save_critic(self, index: int, output_dir: str) -> str:
         """Save critic `index` under `output_dir` (see `critic_dir`); a value head on an agent goes to

@@ -721,8 +721,14 @@ class MARLHFTrainer(MAGRPOTrainer):
             )
         kwargs = dict(args.model_init_kwargs or {})
         kwargs.pop("device_map", None)  # placed on `reward_model_device` below
+        # A saved reward model brings its head (and is refused if incomplete); a causal LM gets a new one.
+        load = (
+            JointRewardModel.from_pretrained
+            if JointRewardModel.is_saved(str(source))
+            else JointRewardModel.from_causal_lm
+        )
         try:
-            return JointRewardModel.from_pretrained(
+            return load(
                 str(source), freeze_backbone=args.reward_freeze_backbone, max_length=args.reward_max_length, **kwargs
             )
         except (OSError, ValueError) as error:
@@ -753,6 +759,16 @@ class MARLHFTrainer(MAGRPOTrainer):
         )
         for key, value in summarize(self.reward_model_history, len(self.preference_pairs)).items():
             self._metrics["train"][key].append(value)  # in the first training log
+
+    def checkpoint_files(self, folder: str) -> list[str]:
+        """With `reward_model/` in the checkpoint (every one saved once the reward model is trained), every file of
+        the saved reward model (`JointRewardModel.saved_files`): a reward model missing its head is refused, not
+        resumed from with a new one."""
+        files = super().checkpoint_files(folder)
+        saved = self._reward_model_folder(folder)
+        if os.path.isdir(saved):
+            files += [os.path.join(REWARD_MODEL_DIR, name) for name in JointRewardModel.saved_files(saved)]
+        return files
 
     def _restore_reward_model(self, checkpoint: str) -> bool:
         """Load the reward model saved in `checkpoint/reward_model/`, if there is one."""
@@ -790,6 +806,8 @@ class MARLHFTrainer(MAGRPOTrainer):
         checkpoint = resume_from_checkpoint or self.pending_checkpoint
         if checkpoint is True:
             checkpoint = get_last_checkpoint(checkpoint_dir or self.args.output_dir)
+        if isinstance(checkpoint, str):
+            self.check_checkpoint(checkpoint)  # the whole checkpoint, before the reward model is loaded from it
         restored = isinstance(checkpoint, str) and self._restore_reward_model(checkpoint)
         if self._online_reward is None and not restored:
             self._train_reward_stage()

@@ -11,20 +11,27 @@ text holding every agent's prompt and response.
 Beyond CoMLRL: the forward passes `position_ids` counted over the attended tokens, so a left-padded row scores as it
 does unpadded. CoMLRL passes none, which shifts a left-padded row's positions: harmless for rotary backbones (Qwen,
 Llama see only offsets), not for absolute-position ones (GPT-2). The scorer pads on the right whatever the tokenizer's
-side. `save_pretrained` / `from_pretrained` keep the model (CoMLRL never saves it), and
+side. `save_pretrained` / `from_pretrained` keep the model (CoMLRL never saves it; a save is atomic and a folder
+missing any part is refused), `from_causal_lm` starts one with a new head, and
 calling the model on `(prompts, completions)` makes it a joint reward function for the team trainer's `reward_funcs`.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import uuid
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from ..team.folders import check_folder, check_saved_file, model_files
+
 REWARD_HEAD_FILE = "reward_head.pt"  # next to the backbone's files
+REWARD_MODEL_MARKER = "joint_reward_model.json"  # written last by `save_pretrained`: the files it wrote
 
 
 def _as_text(value) -> str:
@@ -175,38 +182,119 @@ class JointRewardModel(nn.Module):
         return scores.float().tolist()
 
     def save_pretrained(self, directory: str) -> None:
-        """Write the backbone (and tokenizer) with their `save_pretrained` and the head to `reward_head.pt`."""
-        os.makedirs(directory, exist_ok=True)
-        self.backbone.save_pretrained(directory)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(directory)
-        state = {k: v.detach().cpu() for k, v in self.reward_head.state_dict().items()}
-        torch.save(state, os.path.join(directory, REWARD_HEAD_FILE))
+        """Write the backbone (and tokenizer) with their `save_pretrained`, the head to `reward_head.pt` and, last,
+        `joint_reward_model.json`, which lists every file written: `from_pretrained` refuses a folder missing any.
+
+        The files are written to a staging folder beside `directory` and renamed to it once complete, so that an
+        interrupted save leaves no folder under the name. An earlier reward model save there is replaced; a folder
+        holding anything else is refused (`FileExistsError`), so that nothing of it is lost.
+        """
+        target = os.path.abspath(directory)
+        if os.path.isdir(target) and os.listdir(target) and not self.is_saved(target):
+            raise FileExistsError(
+                f"Refusing to replace {target}: it is not a saved JointRewardModel (it holds "
+                f"{sorted(os.listdir(target))[:5]}). Save the reward model to its own folder."
+            )
+        parent = os.path.dirname(target)
+        os.makedirs(parent, exist_ok=True)
+        staging = os.path.join(parent, f".{os.path.basename(target)}-{uuid.uuid4().hex[:8]}")  # the umask's mode
+        os.makedirs(staging)
+        replaced = f"{staging}-replaced"
+        try:
+            self.backbone.save_pretrained(staging)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(staging)
+            state = {k: v.detach().cpu() for k, v in self.reward_head.state_dict().items()}
+            torch.save(state, os.path.join(staging, REWARD_HEAD_FILE))
+            files = sorted(os.path.relpath(os.path.join(root, name), staging) for root, _, names in os.walk(staging)
+                           for name in names)  # fmt: skip
+            marker = {"files": files, "tokenizer": self.tokenizer is not None}
+            with open(os.path.join(staging, REWARD_MODEL_MARKER), "w", encoding="utf-8") as f:
+                json.dump(marker, f, indent=2)
+            if os.path.isdir(target):  # moved aside, then removed: `target` is never a partial save
+                os.rename(target, replaced)
+            os.rename(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(replaced, ignore_errors=True)
+
+    @staticmethod
+    def is_saved(path: str) -> bool:
+        """Whether `path` is a folder written by `save_pretrained` (complete or not): it holds its marker
+        `joint_reward_model.json` or, for one saved before the marker, `reward_head.pt`."""
+        return os.path.isfile(os.path.join(path, REWARD_MODEL_MARKER)) or os.path.isfile(
+            os.path.join(path, REWARD_HEAD_FILE)
+        )
+
+    @staticmethod
+    def saved_files(path: str) -> list[str]:
+        """The files (relative to `path`) a saved reward model needs: those its marker lists, or for a folder saved
+        before the marker, the backbone's weights, `reward_head.pt` and `tokenizer_config.json`.
+
+        Raises `FileNotFoundError` when `path` is no saved reward model at all (see `from_causal_lm`)."""
+        marker = os.path.join(path, REWARD_MODEL_MARKER)
+        if os.path.isfile(marker):
+            check_saved_file(marker)
+            with open(marker, encoding="utf-8") as f:
+                return [REWARD_MODEL_MARKER, *json.load(f)["files"]]
+        if os.path.isfile(os.path.join(path, REWARD_HEAD_FILE)):
+            return [*model_files(path), REWARD_HEAD_FILE, "tokenizer_config.json"]
+        raise FileNotFoundError(
+            f"{path} is not a saved JointRewardModel: it has no {REWARD_HEAD_FILE} (nor {REWARD_MODEL_MARKER}); an "
+            "interrupted save, or a plain causal LM. For a new head on a causal LM, use "
+            "`JointRewardModel.from_causal_lm(path)`."
+        )
 
     @classmethod
     def from_pretrained(
-        cls, path: str, freeze_backbone: bool = False, max_length: int | None = None, **model_kwargs
+        cls,
+        path: str,
+        freeze_backbone: bool = False,
+        max_length: int | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        **model_kwargs,
     ) -> JointRewardModel:
         """Load what `save_pretrained` wrote; `model_kwargs` go to `AutoModelForCausalLM.from_pretrained`.
 
-        A folder without `reward_head.pt` (a plain causal LM, as MARLHF starts from) gets a fresh head.
+        Every file the save wrote is checked first (present and readable): a folder missing one, its head or its
+        tokenizer included, raises `FileNotFoundError` (or `ValueError` for a damaged file) naming it. A plain causal
+        LM is refused too: `from_causal_lm` gives it a new head. `tokenizer` replaces the saved one (required for a
+        model saved without one).
         """
+        files = cls.saved_files(path)
+        check_folder(path, files)
+        if tokenizer is None:
+            if "tokenizer_config.json" not in files:
+                raise FileNotFoundError(
+                    f"{path} has no tokenizer_config.json: the reward model was saved without a tokenizer. Pass "
+                    "`tokenizer=` to load it."
+                )
+            tokenizer = AutoTokenizer.from_pretrained(path)
         backbone = AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(path)
         model = cls(backbone, tokenizer, freeze_backbone=freeze_backbone, max_length=max_length)
         head_file = os.path.join(path, REWARD_HEAD_FILE)
-        if os.path.isfile(head_file):
-            state = torch.load(head_file, map_location="cpu", weights_only=True)
-            expected = {k: tuple(v.shape) for k, v in model.reward_head.state_dict().items()}
-            found = {k: tuple(v.shape) for k, v in state.items()}
-            if found != expected:
-                raise ValueError(
-                    f"{head_file} holds a reward head of shapes {found}, but the backbone in {path} needs {expected}: "
-                    "the head was trained on another backbone. Save the reward model's backbone and head together "
-                    "(`JointRewardModel.save_pretrained`), or start from the plain causal LM for a new head."
-                )
-            model.reward_head.load_state_dict(state)
+        state = torch.load(head_file, map_location="cpu", weights_only=True)
+        expected = {k: tuple(v.shape) for k, v in model.reward_head.state_dict().items()}
+        found = {k: tuple(v.shape) for k, v in state.items()}
+        if found != expected:
+            raise ValueError(
+                f"{head_file} holds a reward head of shapes {found}, but the backbone in {path} needs {expected}: "
+                "the head was trained on another backbone. Save the reward model's backbone and head together "
+                "(`JointRewardModel.save_pretrained`), or start from the plain causal LM for a new head "
+                "(`JointRewardModel.from_causal_lm`)."
+            )
+        model.reward_head.load_state_dict(state)
         return model
 
+    @classmethod
+    def from_causal_lm(
+        cls, path: str, freeze_backbone: bool = False, max_length: int | None = None, **model_kwargs
+    ) -> JointRewardModel:
+        """A new reward model on a causal LM (an id or a path) and its tokenizer: a freshly drawn head, as MARLHF
+        starts from (CoMLRL's reward model). `model_kwargs` go to `AutoModelForCausalLM.from_pretrained`."""
+        backbone = AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        return cls(backbone, tokenizer, freeze_backbone=freeze_backbone, max_length=max_length)
 
-__all__ = ["REWARD_HEAD_FILE", "JointRewardModel", "joint_text"]
+
+__all__ = ["REWARD_HEAD_FILE", "REWARD_MODEL_MARKER", "JointRewardModel", "joint_text"]
