@@ -1,6 +1,7 @@
-"""The package's layering: the contracts in pyproject.toml's `[tool.importlinter]` (helpers import no trainer, native
-code nothing from the CoMLRL layer, no import cycles), and the CoMLRL layer loaded only when one of its names is used."""
+"""The package's layering: the contracts in pyproject.toml's `[tool.importlinter]` (helpers import no trainer,
+native code nothing from the CoMLRL layer, no import cycles), and the CoMLRL layer loaded only when a name is used."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,12 +49,12 @@ def run_python(code: str) -> str:
 
 def test_import_contracts_are_kept():
     pytest.importorskip("importlinter")
-    lint_imports = Path(sys.executable).parent / "lint-imports"
+    lint_imports = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
     done = subprocess.run(
-        [str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", lint_imports, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Contracts: 3 kept, 0 broken." in done.stdout, done.stdout
+    assert re.search(r"Contracts: [1-9]\d* kept, 0 broken\.", done.stdout), done.stdout
 
 
 def test_importing_the_package_does_not_load_the_comlrl_layer():
