@@ -105,7 +105,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """A CoMLRL name, from its `comlrl` module, imported on first use (PEP 562) and then kept as a global."""
+    """A CoMLRL name, from its `comlrl` module, imported on first use (PEP 562) and then kept as a global; or the
+    `comlrl` subpackage itself, which `import multiagent_trl` loaded before it was loaded on use."""
+    if name == "comlrl":
+        return importlib.import_module(f"{__name__}.comlrl")
     module = _COMLRL_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -72,6 +72,11 @@ def test_comlrl_names_load_on_first_use():
     assert run_python(code) == "True True"
 
 
+def test_the_comlrl_subpackage_is_an_attribute_as_before():
+    # `import multiagent_trl` used to load `comlrl/`, so code could reach it as an attribute: it still can.
+    assert run_python("import multiagent_trl; print(multiagent_trl.comlrl.MAGRPOTrainer.__name__)") == "MAGRPOTrainer"
+
+
 @pytest.mark.parametrize("name", COMLRL_NAMES)
 def test_each_comlrl_name_is_exported_and_listed(name):
     from multiagent_trl import comlrl
