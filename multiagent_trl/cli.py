@@ -22,19 +22,29 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
 from . import hub
-from .comlrl.reinforce import COMLRL_TWINS, MAGRPOConfig, MAGRPOTrainer
 from .config import MultiAgentGRPOConfig
 from .trainer import MultiAgentGRPOTrainer
 
-COMMANDS: dict[str, tuple[type[MultiAgentGRPOConfig], type[MultiAgentGRPOTrainer]]] = {
-    "grpo": (MultiAgentGRPOConfig, MultiAgentGRPOTrainer),
-    "magrpo": (MAGRPOConfig, MAGRPOTrainer),
-}
+if TYPE_CHECKING:
+    from .comlrl.reinforce import MAGRPOConfig
+
+# The subcommands: `magrpo` is CoMLRL's MAGRPO, from the `comlrl` layer, which only that command loads.
+COMMANDS = ("grpo", "magrpo")
+
+
+def command_classes(command: str) -> tuple[type[MultiAgentGRPOConfig], type[MultiAgentGRPOTrainer]]:
+    """The config and trainer classes of `command` (one of `COMMANDS`)."""
+    if command == "magrpo":
+        from .comlrl.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+        return MAGRPOConfig, MAGRPOTrainer
+    return MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 
 
 @dataclass
@@ -158,7 +168,7 @@ def reward_functions(args: TeamArguments, num_agents: int) -> list:
 
 def make_parser(command: str) -> TrlParser:
     """The parser of `multiagent-trl <command>`: TRL's parser over the script, config, model and dataset classes."""
-    config_class = COMMANDS[command][0]
+    config_class = command_classes(command)[0]
     dataclass_types = (TeamArguments, config_class, ModelConfig, DatasetMixtureConfig)
     return TrlParser(dataclass_types, prog=f"multiagent-trl {command}")
 
@@ -175,6 +185,8 @@ def check_comlrl_twins(parser: TrlParser, argv: list[str], config: MAGRPOConfig)
 
         with open(argv[at + 1]) as file:
             yaml_keys = set(yaml.safe_load(file) or {})
+    from .comlrl.reinforce import COMLRL_TWINS
+
     for name, twin in COMLRL_TWINS.items():
         given = name in flags or (name in yaml_keys and twin not in flags)
         value = getattr(raw, name, None)
@@ -283,7 +295,7 @@ def build_trainer(
     quantization_config = get_quantization_config(model_args)
     if quantization_config is not None:
         kwargs["quantization_config"] = quantization_config
-    return COMMANDS[command][1](
+    return command_classes(command)[1](
         model=model,
         reward_funcs=reward_functions(script_args, num_agents),
         args=config,

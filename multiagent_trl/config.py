@@ -16,23 +16,12 @@ from trl import GRPOConfig
 
 from .rollout.tree import SHAPES as ROLLOUT_SHAPES
 from .rollout.tree import tree_completions
+from .team.arguments import AGENT_SETTINGS
 from .team.placement import check_devices
 
 JOINT_MODES = ("aligned", "cross")
 GENERATION_MODES = ("batched", "per_agent")
 ADVANTAGE_BASELINES = ("mean", "none", "max", "leave_one_out")
-# GRPOConfig fields that take one value for all agents or a list with one value per agent. Each agent's value is
-# resolved once into its view (`team.views.settings_state`); TRL's code then reads a plain value, as for one policy.
-AGENT_SETTINGS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "max_completion_length",
-    "generation_kwargs",
-    "beta",
-)
 
 
 def check_finite_settings(config: Any) -> None:
@@ -552,3 +541,18 @@ class MultiAgentGRPOConfig(GRPOConfig):
         finally:
             for name, value in saved.items():
                 setattr(self, name, value)
+
+
+def team_config(model: Any, args: MultiAgentGRPOConfig | None) -> MultiAgentGRPOConfig:
+    """The trainer's config: `args`, or the defaults for `None`; raises, naming the fix, where `model` is missing or
+    `args` is not a `MultiAgentGRPOConfig` (a plain `GRPOConfig`, say)."""
+    if model is None:
+        raise ValueError("Pass the agents: `model=` (an id, a path, a model, or a list of them).")
+    if args is None:
+        return MultiAgentGRPOConfig(output_dir="multiagent-grpo-output")
+    if not isinstance(args, MultiAgentGRPOConfig):
+        raise TypeError(
+            f"`args` is a {type(args).__name__}; MultiAgentGRPOTrainer needs a MultiAgentGRPOConfig (or "
+            "MAGRPOConfig), which takes every GRPOConfig field: replace `GRPOConfig(` with `MultiAgentGRPOConfig(`."
+        )
+    return args

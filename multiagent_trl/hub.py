@@ -164,7 +164,7 @@ def agent_card(
     import transformers
     import trl
 
-    from . import __version__
+    from ._version import __version__
 
     num_agents = len(repo_ids)
     data = ModelCardData(

@@ -27,15 +27,16 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from . import hub
-from .config import MultiAgentGRPOConfig
+from .common import per_agent
+from .config import MultiAgentGRPOConfig, team_config
 from .rewards.advantages import local_baseline_advantages
 from .rewards.joint import (
     bind_reward_funcs,
-    check_model_rewards,
     flush_reward_logs,
     pop_agent_rewards,
     weighted_sum,
 )
+from .rewards.models import check_model_rewards
 from .rewards.scoring import joint_reward, joint_samples, level_rewards, turn_credit
 from .rollout.buffers import covering
 from .rollout.episode import EpisodeBatch, episode_batch, trained_row_scale
@@ -46,7 +47,7 @@ from .rollout.replay import Replay, Rollout, loss_parts
 from .rollout.tree import Level, continued_rows, link, next_level, padded, paths, root_level
 from .rollout.turns import Transition, add_completion_rows, completion_rows, formatted_rows, turn_prefix
 from .team import sharding
-from .team.arguments import check_callables, check_prompt_column, per_agent, team_config
+from .team.arguments import check_callables, check_prompt_column
 from .team.checkpointing import load_team_folders, save_atomically, save_team
 from .team.folders import check_checkpoint
 from .team.loading import load_team, reference_copies

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from multiagent_trl import MAGRPOConfig, MAGRPOTrainer, MultiAgentGRPOTrainer
-from multiagent_trl.rewards.joint import cross_tuples
+from multiagent_trl.rollout.tree import cross_tuples
 
 from .conftest import completion_ids_of, id_reward, small_args
 

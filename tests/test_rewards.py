@@ -14,9 +14,9 @@ from multiagent_trl.rewards.joint import (
     apply_processor,
     bind_reward,
     check_rewards,
-    cross_credit,
     reward_style,
 )
+from multiagent_trl.rollout.tree import cross_credit
 
 from .conftest import small_args
 

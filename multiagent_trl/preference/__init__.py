@@ -4,7 +4,8 @@ joint-factorised DPO loss and the Bradley-Terry reward-model loss (`losses`), MA
 reward-model stage (`reward_training`: pairs of joint samples, Bradley-Terry training; `sampling` draws the pairs
 from a team's task reward), and the trainer
 that holds state and calls them: `MultiAgentDPOConfig` / `MultiAgentDPOTrainer` (`config`, `trainer`). CoMLRL's names
-(`MADPOConfig`, `MADPOTrainer`, `MARLHFConfig`, `MARLHFTrainer`) are in `multiagent_trl.comlrl`.
+(`MADPOConfig`, `MADPOTrainer`, `MARLHFConfig`, `MARLHFTrainer`) are in `multiagent_trl.comlrl` (and the package root);
+this package imports nothing from that layer.
 """
 
 from .config import MultiAgentDPOConfig
@@ -16,20 +17,9 @@ from .trainer import MultiAgentDPOTrainer
 __all__ = [
     "JointPreferencePair",
     "JointRewardModel",
-    "MADPOConfig",
-    "MADPOTrainer",
     "MultiAgentDPOConfig",
     "MultiAgentDPOTrainer",
     "collect_preference_pairs",
     "joint_text",
     "train_reward_model",
 ]
-
-
-def __getattr__(name: str):
-    # CoMLRL's names live in `multiagent_trl.comlrl.preference`, which imports this package: loaded on first use.
-    if name in ("MADPOConfig", "MADPOTrainer"):
-        from ..comlrl import preference
-
-        return getattr(preference, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

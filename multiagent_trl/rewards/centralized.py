@@ -46,7 +46,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from trl.trainer.utils import get_callable_name, is_async_callable
 
-from ..team.arguments import per_agent
+from ..common import per_agent
 from .joint import ROWS_COLUMN, TRL_STYLE, bind_reward, reward_range
 
 

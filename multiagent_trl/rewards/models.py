@@ -11,6 +11,7 @@ one more reward function: mixed with the others through `reward_weights`, logged
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -19,9 +20,23 @@ from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
 from trl.trainer.utils import get_config_model_id
 
-from .joint import check_model_rewards
-
 JointText = Callable[[Sequence, Sequence], str]
+
+
+def check_model_rewards(values: Sequence[float], name: str) -> None:
+    """Raise if reward model `name` scored a joint sample NaN or infinite (TRL would read NaN as "no reward").
+
+    >>> check_model_rewards([0.5, float("inf")], "rm")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: Reward model 'rm' returned inf for joint sample 1; ...
+    """
+    for j, value in enumerate(values):
+        if not math.isfinite(value):
+            raise ValueError(
+                f"Reward model '{name}' returned {value} for joint sample {j}; its scores must be finite (check its "
+                "weights and dtype)."
+            )
 
 
 def _as_text(value) -> str:

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 import torch
 from trl.trainer.utils import nanstd
 
-from ..rollout.tree import Level, sample_members
-from .joint import apply_processor, credit_columns, cross_credit, weighted_sum, with_rows
+from ..rollout.tree import Level, cross_credit, sample_members
+from .joint import apply_processor, credit_columns, weighted_sum, with_rows
 
 
 def joint_samples(level: Level, reward_funcs: Sequence) -> tuple[list[dict], list, list, list]:

@@ -30,6 +30,7 @@ A single-turn step is a rollout of one level. Nothing here needs a model: tests 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,10 +38,47 @@ from typing import Any
 
 import torch
 
-from ..rewards.joint import cross_credit, cross_tuples
-
 TREE, LINEAR = "tree", "linear"
 SHAPES = (TREE, LINEAR)
+
+
+def cross_tuples(num_generations: int, num_agents: int) -> list[tuple[int, ...]]:
+    """Indices of every joint tuple of one prompt group in `joint_mode="cross"`, agent 0's index slowest.
+
+    >>> cross_tuples(2, 2)
+    [(0, 0), (0, 1), (1, 0), (1, 1)]
+    """
+    return list(itertools.product(range(num_generations), repeat=num_agents))
+
+
+def cross_credit(
+    rewards: torch.Tensor, num_generations: int, num_agents: int, agent: int, reduction: str = "mean"
+) -> torch.Tensor:
+    """Credit each of `agent`'s completions with the mean (or, with `reduction="sum"`, CoMLRL's sum) of the rewards
+    of the cross tuples that contain it.
+
+    Args:
+        rewards: `(num_groups * G**N, F)` rewards of the cross tuples, groups in order, tuples as `cross_tuples`.
+    Returns:
+        `(num_groups * G, F)`: row `g * G + k` is the credit of the agent's k-th completion in group g (NaN-aware).
+
+    >>> r = torch.tensor([[1.0], [2.0], [3.0], [4.0]])  # one group, G=2, N=2: tuples (0,0) (0,1) (1,0) (1,1)
+    >>> cross_credit(r, 2, 2, agent=0).flatten().tolist(), cross_credit(r, 2, 2, agent=1).flatten().tolist()
+    ([1.5, 3.5], [2.0, 3.0])
+    >>> cross_credit(r, 2, 2, agent=0, reduction="sum").flatten().tolist()
+    [3.0, 7.0]
+    """
+    num_funcs = rewards.size(1)
+    grid = rewards.view(-1, *([num_generations] * num_agents), num_funcs)  # (B, G, ..., G, F)
+    other_dims = [1 + a for a in range(num_agents) if a != agent]
+    if not other_dims:
+        return grid.reshape(-1, num_funcs)
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"Unknown cross credit reduction {reduction!r}: use 'mean' or 'sum'.")
+    credit = torch.nanmean(grid, dim=other_dims)  # (B, G, F); NaN only where no tuple was scored
+    if reduction == "sum":
+        credit = torch.where(torch.isnan(credit), credit, torch.nansum(grid, dim=other_dims))
+    return credit.reshape(-1, num_funcs)
 
 
 @dataclass

@@ -6,23 +6,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
-def per_agent(name: str, value: Any, num_agents: int, single: type | None = None) -> list | None:
-    """`value` for every agent: `None`, one value for all (a callable, or an instance of `single`), or one each.
-
-    >>> per_agent("formatters", str, 2)
-    [<class 'str'>, <class 'str'>]
-    """
-    if value is None:
-        return None
-    if (callable(value) and single is None) or (single is not None and isinstance(value, single)):
-        return [value] * num_agents
-    values = list(value)
-    if len(values) != num_agents:
-        raise ValueError(
-            f"{len(values)} {name} were given for {num_agents} agents: pass one for all, or one per agent."
-        )
-    return values
+# GRPOConfig fields that take one value for all agents or a list with one value per agent. Each agent's value is
+# resolved once into its view (`views.settings_state`); TRL's code then reads a plain value, as for one policy.
+AGENT_SETTINGS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "max_completion_length",
+    "generation_kwargs",
+    "beta",
+)
 
 
 def check_prompt_column(name: str, dataset: Any, formatters: Sequence[Callable] | None) -> None:
@@ -87,20 +82,3 @@ def check_shared_tokenizer(shared_base: bool, processing_classes: list) -> None:
     """Adapters on one base share its tokenizer."""
     if shared_base and len(set(map(id, processing_classes))) > 1:
         raise ValueError("Agents that share one base model share its tokenizer: pass one `processing_class`.")
-
-
-def team_config(model: Any, args: Any) -> Any:
-    """The trainer's config: `args`, or the defaults for `None`; raises, naming the fix, where `model` is missing or
-    `args` is not a `MultiAgentGRPOConfig` (a plain `GRPOConfig`, say)."""
-    from ..config import MultiAgentGRPOConfig
-
-    if model is None:
-        raise ValueError("Pass the agents: `model=` (an id, a path, a model, or a list of them).")
-    if args is None:
-        return MultiAgentGRPOConfig(output_dir="multiagent-grpo-output")
-    if not isinstance(args, MultiAgentGRPOConfig):
-        raise TypeError(
-            f"`args` is a {type(args).__name__}; MultiAgentGRPOTrainer needs a MultiAgentGRPOConfig (or "
-            "MAGRPOConfig), which takes every GRPOConfig field: replace `GRPOConfig(` with `MultiAgentGRPOConfig(`."
-        )
-    return args

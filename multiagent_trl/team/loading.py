@@ -11,15 +11,19 @@ import copy
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from peft import PeftConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import AutoProcessor, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 from trl.trainer.utils import create_model_from_path
 
-from ..config import MultiAgentGRPOConfig
-from .arguments import check_shared_tokenizer, check_team_arguments, per_agent
+from ..common import per_agent
+from .arguments import check_shared_tokenizer, check_team_arguments
 from .reference_sync import check_reference_sync
+
+if TYPE_CHECKING:  # the trainer's config, above this package: named in annotations only
+    from ..config import MultiAgentGRPOConfig
 
 
 @dataclass

@@ -31,9 +31,9 @@ from trl.chat_template_utils import get_training_chat_template, is_chat_template
 from trl.models.utils import prepare_deepspeed
 from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-from ..config import AGENT_SETTINGS
 from ..tools.environments import TOOL_STATE
 from . import sharding
+from .arguments import AGENT_SETTINGS
 from .modules import mixed_batch_refusal
 
 
@@ -160,7 +160,7 @@ def initial_state(trainer: PolicyHost) -> dict[str, Any]:
 
 
 def settings_state(trainer: PolicyHost, index: int, tokenizer, eos_token_ids: list[int]) -> dict[str, Any]:
-    """Agent `index`'s per-agent settings (`config.AGENT_SETTINGS`), and its generation config built from them with
+    """Agent `index`'s per-agent settings (`arguments.AGENT_SETTINGS`), and its generation config built from them with
     its tokenizer's special tokens, the way `GRPOTrainer.__init__` builds its own from the config."""
     args = trainer.args
     settings = {name: args.agent_setting(name, index) for name in AGENT_SETTINGS if name != "generation_kwargs"}
