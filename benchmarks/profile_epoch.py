@@ -74,7 +74,8 @@ class Arguments:
         default_factory=lambda: ["all"],
         metadata={
             "help": "What the team runs with: 'baseline' (transformers' top-k and top-p warpers, TRL's torch "
-            "fallbacks of its log-prob kernel: the code before the kernel and sampling changes), 'sampling' (+ the top-k/top-p warper of "
+            "fallbacks of its log-prob kernel: the code before the kernel and sampling changes), 'sampling' "
+            "(+ the top-k/top-p warper of "
             "rollout.sampling), 'all' (+ the faster CPU kernel of rollout.logprob_kernel).",
             "choices": VARIANTS,
         },

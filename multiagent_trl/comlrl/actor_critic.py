@@ -18,8 +18,9 @@ standardized over each agent's buffer, the value loss `value_loss_coef * mean((y
 CoMLRL quirks deliberately not replicated: a buffer holds whole prompts (`rollout_buffer_size` must be a multiple of
 `num_generations`; CoMLRL overfills it); the epoch's last buffer is as large as the others, completed with items
 from the start of the epoch, which train twice in that epoch (CoMLRL trains a smaller last buffer; either way every
-item trains each epoch, and a buffer larger than the dataset trains); the end-of-sequence token is always scored (CoMLRL skips it when the padding
-token is the end token); a `TypeError` raised inside the reward function propagates (CoMLRL retries the call once);
+item trains each epoch, and a buffer larger than the dataset trains); the end-of-sequence token is always scored
+(CoMLRL skips it when the padding token is the end token);
+a `TypeError` raised inside the reward function propagates (CoMLRL retries the call once);
 MAAC's critic takes one optimizer step per buffer on the mean of the agents' value losses (CoMLRL steps it once per
 agent); a multi-turn buffer trains all its turns in one optimizer step (CoMLRL steps once per turn: the same targets
 and advantages); `top_k=None` means no top-k filtering (CoMLRL leaves the model's generation config's);
