@@ -99,7 +99,7 @@ def test_the_native_preference_package_has_no_comlrl_names():
 
 
 # Where the package reaches into another library's internals, each for a reason no public API serves. Every other
-# underscore attribute read off an object that is not `self`/`cls` fails `test_no_module_uses_another_objects_privates`:
+# underscore name read off an object that is not `self`/`cls` fails `test_no_module_uses_another_objects_privates`:
 # the package's own objects talk through public seams (`team.protocol.TeamTrainer`).
 THIRD_PARTY_INTERNALS = {
     ("team/sharding.py", "_get_fsdp_state"): "torch FSDP2 has no public accessor for a unit's parameter groups",

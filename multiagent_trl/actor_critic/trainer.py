@@ -106,7 +106,7 @@ def held_backbone(critic: CausalLMWithValueHead) -> CausalLMWithValueHead:
     the team's agent (registered twice, it would appear twice in every state dict and checkpoint)."""
     model = critic.model
     del critic.model  # unregistered: `nn.Module.__delattr__` drops it from the submodules
-    object.__setattr__(critic, "model", model)  # held as a plain attribute, which `nn.Module.__setattr__` would register
+    object.__setattr__(critic, "model", model)  # a plain attribute (`nn.Module.__setattr__` would register it)
     return critic
 
 
