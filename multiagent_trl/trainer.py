@@ -305,6 +305,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         with self._swap(_metrics=fresh), agent_metrics_aside(self._agent_views):
             yield fresh
 
+    def add_metrics(self, metrics: dict[str, list[float]], mode: str = "train") -> None:
+        """Record `metrics` (name -> values) for the next `mode` log, where each name's values are averaged with what
+        else is recorded for it by then (TRL's metrics convention)."""
+        for name, values in metrics.items():
+            self._metrics[mode][name].extend(values)
+
     @contextmanager
     def _agent_view(self, index: int) -> Iterator[None]:
         """Run TRL code as if agent `index` were the only policy: its `team.views.PER_AGENT` values are swapped in

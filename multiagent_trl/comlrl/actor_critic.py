@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_utils import SaveStrategy
+from trl.trainer.utils import RepeatSampler
 
 from ..actor_critic.config import ActorCriticConfig, check_hidden_dim
 from ..actor_critic.trainer import ActorCriticTrainer
@@ -479,7 +480,11 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
     reinforce_each_step = True  # one policy-gradient pass per buffer, no importance ratio (CoMLRL's update)
     # CoMLRL's `trainer.verbose` and its evaluation order (dataset order), as the MAGRPO port has them.
     verbose = MAGRPOTrainer.verbose
-    _get_eval_sampler = MAGRPOTrainer._get_eval_sampler
+
+    def _get_eval_sampler(self, eval_dataset):
+        # CoMLRL evaluates the rows in dataset order, as the MAGRPO port does; TRL's sampler shuffles them.
+        return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, shuffle=False)
+
     pending_checkpoint = MAGRPOTrainer.pending_checkpoint
     save_checkpoint = MAGRPOTrainer.save_checkpoint
     load_checkpoint = MAGRPOTrainer.load_checkpoint
@@ -900,7 +905,7 @@ def _first_tokenizer(tokenizer, model):
         return tokenizer[0] if isinstance(tokenizer, (list, tuple)) else tokenizer
     source = model[0] if isinstance(model, list) else model
     if isinstance(source, torch.nn.Module):
-        source = source.config._name_or_path
+        source = source.config.name_or_path
     return AutoTokenizer.from_pretrained(str(source))
 
 

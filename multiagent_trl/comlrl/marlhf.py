@@ -822,8 +822,10 @@ class MARLHFTrainer(MAGRPOTrainer):
             self._train_reward_stage()
         self._online_reward = bind_joint_scorer(self.reward_model, self.num_agents)
         trainer = self.online_trainer = self._actor_critic_trainer()
-        for key in [k for k in self._metrics["train"] if k.startswith("reward_model/")]:
-            trainer._metrics["train"][key] = self._metrics["train"].pop(key)  # in its first training log
+        stage = {
+            k: self._metrics["train"].pop(k) for k in list(self._metrics["train"]) if k.startswith("reward_model/")
+        }
+        trainer.add_metrics(stage)  # in its first training log
         output = trainer.train()
         self.state.global_step = trainer.state.global_step  # CoMLRL copies its `env_step` back
         self.state.log_history.extend(trainer.state.log_history)

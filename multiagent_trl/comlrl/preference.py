@@ -350,8 +350,8 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
 
     default_config_cls = MADPOConfig
     algorithm_name = "MADPO"
-    _tag_names = MultiAgentDPOTrainer._tag_names
-    _name = MultiAgentDPOTrainer._name
+    _tag_names = ["trl", "dpo", "multiagent-trl", "madpo"]  # TRL's class attributes, as the native trainer's
+    _name = "MADPO"
 
     def __init__(
         self,

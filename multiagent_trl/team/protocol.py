@@ -12,7 +12,7 @@ class TeamTrainer(Protocol):
     """The public seams of the team core (each documented on `MultiAgentGRPOTrainer`):
 
     - `sample(rows, num_generations)`: one turn of joint candidates outside a training step;
-    - `metrics_aside()`: a block whose records stay out of the training logs;
+    - `metrics_aside()`: a block whose records stay out of the training logs; `add_metrics`: values for the next;
     - `first_train_row`: the first row trained on (a model card's example);
     - `model_tags`: the tags of every agent's model card;
     - `agent_metric_prefix(i)` / `loss_name(kind, i)`: how agent i's metrics and losses are named;
@@ -35,6 +35,8 @@ class TeamTrainer(Protocol):
     def sample(self, rows: list[dict], num_generations: int) -> Any: ...
 
     def metrics_aside(self) -> AbstractContextManager[dict[str, dict[str, list]]]: ...
+
+    def add_metrics(self, metrics: dict[str, list[float]], mode: str = "train") -> None: ...
 
     def agent_metric_prefix(self, index: int) -> str: ...
 
