@@ -17,9 +17,11 @@ runs on `--seeds` (the seed draws the training samples, the head and the batch o
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 nice -n 15 python benchmarks/reward_model_heldout.py --seeds 0 1 2
     python benchmarks/reward_model_heldout.py --variants comlrl spans-sum --seeds 0   # a few variants
 
-It prints one row per variant (mean, min and max held-out accuracy over the seeds, the training accuracy of the last
-epoch, seconds per run); `--json-out` keeps every run. docs/benchmarks.md ("MARLHF's reward model, held out") has
-the numbers.
+It first prints two references: the held-out accuracy of ranking by the ratio of the two responses' characters (what
+the task reward reads) and of their UTF-8 bytes, which is what counting tokens gives with the tiny model's byte-level
+tokenizer (its random completions decode to many replacement characters, 3 bytes each). Then one row per variant:
+mean, min and max held-out accuracy over the seeds, the training accuracy of the last epoch, the pairs, seconds per
+run. `--json-out` keeps every run. docs/benchmarks.md ("MARLHF's reward model, held out") has the numbers.
 """
 
 from __future__ import annotations
@@ -85,6 +87,26 @@ VARIANTS = {
     "spans-mean": replace(BASE, pooling="spans"),
     "spans-sum": replace(BASE, pooling="span_sums"),
 }
+SUMS = replace(BASE, pooling="span_sums")
+VARIANTS.update(
+    {  # the span sums with each other lever
+        "sum-frozen": replace(SUMS, freeze_backbone=True),
+        "sum-frozen-lr1e-2": replace(SUMS, freeze_backbone=True, learning_rate=1e-2),
+        "sum-lr-1e-4": replace(SUMS, learning_rate=1e-4),
+        "sum-lr-3e-3": replace(SUMS, learning_rate=3e-3),
+        "sum-epochs-8": replace(SUMS, epochs=8),
+        "sum-wd-0.1": replace(SUMS, weight_decay=0.1),
+        "sum-margin-5": replace(SUMS, margin_scale=5.0),
+        "sum-all-pairs": replace(SUMS, pair_selection="all", pairs_per_sample=None),
+        "sum-items-40": replace(SUMS, items=40),
+        "sum-ensemble-4": replace(SUMS, ensemble=4),
+        # more pairs and steps together: 40 items, 8 pairs each, 4 epochs of 8-pair batches
+        "sum-big": replace(SUMS, items=40, pairs_per_sample=8, epochs=4, batch_size=8),
+        "sum-big-frozen": replace(
+            SUMS, items=40, pairs_per_sample=8, epochs=4, batch_size=8, freeze_backbone=True, learning_rate=1e-2
+        ),  # fmt: skip
+    }
+)
 
 
 def sample_joint(model, tokenizer, prompts: list[str], per_prompt: int, seed: int) -> list[list[tuple[str, str]]]:
@@ -191,6 +213,10 @@ def main() -> None:
     held_joints = [pair for joint in samples for pair in joint]
     heldout = (held_prompts, held_joints, heldout_pairs(samples))
     print(f"held out: {len(held_joints)} joint samples, {len(heldout[2])} pairs with distinct rewards", flush=True)
+    for name, length in (("characters", len), ("UTF-8 bytes (= tokens)", lambda text: len(text.encode("utf-8")))):
+        ratios = [length(b) / max(length(a), 1) for a, b in held_joints]
+        share = statistics.mean(float(ratios[w] > ratios[lose]) for w, lose in heldout[2])
+        print(f"ranked by the ratio of the responses' {name}: {share:.3f}", flush=True)
     print(f"{'variant':<14} {'held-out acc (mean [min, max])':<32} {'train acc':>9} {'pairs':>6} {'s/run':>6}")
     results = {}
     for name in args.variants:
