@@ -102,6 +102,7 @@ VARIANTS.update(
         "sum-ensemble-4": replace(SUMS, ensemble=4),
         # more pairs and steps together: 40 items, 8 pairs each, 4 epochs of 8-pair batches
         "sum-big": replace(SUMS, items=40, pairs_per_sample=8, epochs=4, batch_size=8),
+        "sum-big-e8": replace(SUMS, items=40, pairs_per_sample=8, epochs=8, batch_size=8),
         "sum-big-frozen": replace(
             SUMS, items=40, pairs_per_sample=8, epochs=4, batch_size=8, freeze_backbone=True, learning_rate=1e-2
         ),  # fmt: skip
