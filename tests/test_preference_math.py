@@ -9,6 +9,7 @@ minus its gradient: comparing changes with our gradients compares the losses' gr
 from __future__ import annotations
 
 import copy
+import json
 import random
 from types import SimpleNamespace
 
@@ -334,3 +335,137 @@ def test_reward_model_save_load_and_freeze(tmp_path):
         torch.testing.assert_close(loaded.score(texts), model.score(texts))
     fresh = JointRewardModel.from_causal_lm(path)  # a plain causal LM folder: a new head, when asked for
     assert fresh.reward_head.weight.shape == model.reward_head.weight.shape
+
+
+# ---- beyond CoMLRL: what the reward head reads (`pooling`), a margin in the Bradley-Terry loss
+
+
+POOLING_PROMPTS = [("Write a tale:", "Write it longer:"), ("Hi", "Hey")]
+# an empty response and multi-byte characters
+POOLING_COMPLETIONS = [("short", "a much longer answer"), ("", "\u00e9t\u00e9 \ufffd")]
+
+
+def last_hidden(model: JointRewardModel, texts: list[str]) -> list[torch.Tensor]:
+    """Each text's last hidden states `(T_b, H)`, one unpadded forward per text (no batching to trust)."""
+    rows = []
+    with torch.no_grad():
+        for text in texts:
+            ids = model.tokenizer(text, return_tensors="pt")["input_ids"]  # (1, T): one token per byte
+            assert ids.shape[1] == len(text.encode("utf-8"))
+            outputs = model.backbone(input_ids=ids, output_hidden_states=True, use_cache=False)
+            rows.append(outputs.hidden_states[-1][0])
+    return rows
+
+
+def response_tokens(prompts, completions, agent: int) -> slice:
+    """Agent `agent`'s response tokens, found without offsets: the byte length of the text before it and of it."""
+    text = joint_text(prompts, completions)
+    before = text[: text.index(f"Agent {agent + 1} response:\n") + len(f"Agent {agent + 1} response:\n")]
+    start = len(before.encode("utf-8"))
+    return slice(start, start + len(completions[agent].encode("utf-8")))
+
+
+@pytest.mark.parametrize("pooling", ["mean", "spans", "span_sums"])
+def test_reward_model_pooling_reads_the_hand_computed_features(pooling):
+    torch.manual_seed(0)
+    model = JointRewardModel.from_causal_lm(tiny_model_path(), pooling=pooling, num_agents=2).eval()
+    texts = [joint_text(p, c) for p, c in zip(POOLING_PROMPTS, POOLING_COMPLETIONS)]
+    expected = []
+    for prompts, completions, hidden in zip(POOLING_PROMPTS, POOLING_COMPLETIONS, last_hidden(model, texts)):
+        if pooling == "mean":
+            expected.append(hidden.mean(dim=0))
+            continue
+        features = []
+        for agent in range(2):
+            span = hidden[response_tokens(prompts, completions, agent)]  # (S, H); S = 0 for the empty response
+            if pooling == "spans":
+                features.append(span.mean(dim=0) if len(span) else torch.zeros(hidden.shape[1]))
+            else:
+                features.append(span.sum(dim=0))
+        expected.append(torch.cat(features))
+    expected = torch.stack(expected)  # (B, F)
+    with torch.no_grad():
+        scores = model.score_joint(POOLING_PROMPTS, POOLING_COMPLETIONS)  # one right-padded batch of both rows
+        as_reward = model(prompts=POOLING_PROMPTS, completions=POOLING_COMPLETIONS)
+    torch.testing.assert_close(scores, model.reward_head(expected).squeeze(-1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.tensor(as_reward), scores)
+    assert model.reward_head.in_features == (64 if pooling == "mean" else 128)
+
+
+def test_reward_model_last_pooling_is_unchanged_by_score_joint():
+    torch.manual_seed(0)
+    model = JointRewardModel.from_causal_lm(tiny_model_path()).eval()
+    assert model.pooling == "last" and model.reward_head.in_features == 64  # CoMLRL's head, the default
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.score_joint(POOLING_PROMPTS, POOLING_COMPLETIONS),
+            model.score([joint_text(p, c) for p, c in zip(POOLING_PROMPTS, POOLING_COMPLETIONS)]),
+        )
+
+
+def test_reward_model_pooling_round_trips_and_old_folders_load_as_last(tmp_path):
+    torch.manual_seed(0)
+    model = JointRewardModel.from_causal_lm(tiny_model_path(), pooling="span_sums", num_agents=2).eval()
+    with torch.no_grad():
+        model.reward_head.bias.fill_(0.5)
+    model.save_pretrained(str(tmp_path / "spans"))
+    loaded = JointRewardModel.from_pretrained(str(tmp_path / "spans"))
+    assert (loaded.pooling, loaded.num_agents) == ("span_sums", 2)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loaded.score_joint(POOLING_PROMPTS, POOLING_COMPLETIONS),
+            model.score_joint(POOLING_PROMPTS, POOLING_COMPLETIONS),
+        )
+    # A folder saved before the pooling was recorded: its marker has no "pooling"; older still, no marker at all.
+    old = JointRewardModel.from_causal_lm(tiny_model_path()).eval()
+    old.save_pretrained(str(tmp_path / "old"))
+    marker = tmp_path / "old" / "joint_reward_model.json"
+    saved = json.loads(marker.read_text())
+    marker.write_text(json.dumps({"files": saved["files"], "tokenizer": True}))
+    loaded = JointRewardModel.from_pretrained(str(tmp_path / "old"))
+    assert (loaded.pooling, loaded.num_agents) == ("last", None)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.score(["x"]), old.score(["x"]))
+    marker.unlink()
+    assert JointRewardModel.from_pretrained(str(tmp_path / "old")).pooling == "last"
+
+
+def test_reward_model_pooling_bad_input():
+    path = tiny_model_path()
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        JointRewardModel.from_causal_lm(path, pooling="max")
+    with pytest.raises(ValueError, match="pass num_agents"):
+        JointRewardModel.from_causal_lm(path, pooling="spans")
+    model = JointRewardModel.from_causal_lm(path, pooling="spans", num_agents=3)
+    with pytest.raises(ValueError, match="pools 3 agents' responses"):
+        model.score_joint(POOLING_PROMPTS, POOLING_COMPLETIONS)
+    with pytest.raises(ValueError, match="needs a span_mask"):
+        model.score(["text without spans"])
+
+
+def test_bradley_terry_margin_is_subtracted_from_the_score_difference():
+    chosen, rejected, margin = torch.tensor([1.0, 0.5]), torch.tensor([0.0, 1.0]), torch.tensor([0.3, 2.0])
+    expected = -torch.nn.functional.logsigmoid(chosen - rejected - margin).mean()
+    torch.testing.assert_close(bradley_terry_loss(chosen, rejected, margin), expected)
+    no_margin = bradley_terry_loss(chosen, rejected)
+    torch.testing.assert_close(bradley_terry_loss(chosen, rejected, torch.zeros(2)), no_margin)
+
+
+def test_train_reward_model_margin_scale_uses_the_reward_gap():
+    from multiagent_trl.preference.reward_training import JointPreferencePair, train_reward_model
+
+    pairs = [
+        JointPreferencePair(("Q", "Q"), ("a", "bb"), ("aa", "b"), chosen_reward=1.0, rejected_reward=0.25),
+        JointPreferencePair(("R", "R"), ("c", "dd"), ("cc", "d"), chosen_reward=0.5, rejected_reward=0.0),
+    ]
+    torch.manual_seed(0)
+    model = JointRewardModel.from_causal_lm(tiny_model_path()).eval()
+    with torch.no_grad():
+        chosen = model.score_joint([p.prompts for p in pairs], [p.chosen for p in pairs])
+        rejected = model.score_joint([p.prompts for p in pairs], [p.rejected for p in pairs])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the loss before any update, one batch of both
+    history = train_reward_model(model, pairs, batch_size=2, optimizer=optimizer, margin_scale=4.0)
+    expected = -torch.nn.functional.logsigmoid(chosen - rejected - 4.0 * torch.tensor([0.75, 0.5])).mean()
+    assert history[0]["loss"] == pytest.approx(expected.item(), rel=1e-5)
+    with pytest.raises(ValueError, match="margin_scale"):
+        train_reward_model(model, pairs, margin_scale=-1.0)

@@ -13,7 +13,8 @@ Shapes: N agents, B pairs (or rows), T positions (prompt then completion), V voc
    other agents' terms detached, so that every agent is pushed by the team's joint margin but only through its own
    log-ratio (`joint_dpo_losses`). Summing the N losses and calling `backward` once gives each agent exactly the
    gradient of its own loss.
-4. The reward model's Bradley-Terry loss `mean -logsigmoid(r_winner - r_loser)` (`bradley_terry_loss`).
+4. The reward model's Bradley-Terry loss `mean -logsigmoid(r_winner - r_loser)` (`bradley_terry_loss`), optionally
+   with a margin that the winner must lead by (not CoMLRL's).
 """
 
 from __future__ import annotations
@@ -174,13 +175,23 @@ def joint_dpo_losses(logratios: torch.Tensor, beta: float = 0.1, loss_type: str 
 # ---- 4. the reward model's loss
 
 
-def bradley_terry_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch.Tensor:
-    """The reward model's pairwise loss `mean -logsigmoid(r_w - r_l)` over `(B,)` scores (a scalar).
+def bradley_terry_loss(
+    chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, margin: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The reward model's pairwise loss `mean -logsigmoid(r_w - r_l - margin)` over `(B,)` scores (a scalar).
+
+    `margin` `(B,)` (default none, CoMLRL's loss) asks each pair's winner to lead by that much: Llama 2's reward-model
+    margin, e.g. a multiple of the pair's task-reward gap (`train_reward_model(margin_scale=...)`).
 
     >>> round(bradley_terry_loss(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0])).item(), 4)  # log 2
     0.6931
+    >>> round(bradley_terry_loss(torch.tensor([2.0]), torch.tensor([0.0]), margin=torch.tensor([2.0])).item(), 4)
+    0.6931
     """
-    return -F.logsigmoid(chosen_scores - rejected_scores).mean()
+    differences = chosen_scores - rejected_scores  # (B,)
+    if margin is not None:
+        differences = differences - margin.to(differences)
+    return -F.logsigmoid(differences).mean()
 
 
 __all__ = [

@@ -104,6 +104,7 @@ def train_reward_model(
     batch_size: int = 1,
     weight_decay: float = 0.01,
     optimizer: torch.optim.Optimizer | None = None,
+    margin_scale: float = 0.0,
 ) -> list[dict[str, float]]:
     """Train `model` with the Bradley-Terry loss on `pairs` (CoMLRL 1.4.3's MARLHF reward-model stage).
 
@@ -114,6 +115,9 @@ def train_reward_model(
             `reward_num_train_epochs` (`1`), `reward_train_batch_size` (`1`).
         weight_decay: AdamW's (torch's default `0.01`, CoMLRL's).
         optimizer: Use this optimizer instead of a new `AdamW(model.parameters(), learning_rate, weight_decay)`.
+        margin_scale: Beyond CoMLRL (`0`, its loss): the Bradley-Terry loss asks each winner to lead by
+            `margin_scale * (chosen_reward - rejected_reward)` (`losses.bradley_terry_loss`'s margin), in score units
+            per unit of the pairs' task reward. Pairs without rewards (NaN) get no margin.
 
     Returns:
         One dict per step: `epoch`, `step`, `loss`, `accuracy` (the share of pairs whose winner scored higher) and
@@ -125,6 +129,8 @@ def train_reward_model(
     check_pair_set(len(pairs), len(pairs), 2)
     if learning_rate <= 0:
         raise ValueError(f"`learning_rate` (CoMLRL's `reward_learning_rate`) must be > 0, got {learning_rate}.")
+    if margin_scale < 0 or not math.isfinite(margin_scale):
+        raise ValueError(f"`margin_scale` must be a finite number >= 0 (0: CoMLRL's loss); got {margin_scale}.")
     if num_train_epochs < 1 or batch_size < 1:
         raise ValueError(f"`num_train_epochs` and `batch_size` must be >= 1; got {num_train_epochs}, {batch_size}.")
     if optimizer is None:
@@ -135,22 +141,26 @@ def train_reward_model(
     step = 0
     for epoch in range(num_train_epochs):
         for batch in loader:
-            chosen = model.score([joint_text(p.prompts, p.chosen) for p in batch])  # (B,)
-            rejected = model.score([joint_text(p.prompts, p.rejected) for p in batch])  # (B,)
-            loss = bradley_terry_loss(chosen, rejected)
+            chosen = model.score_joint([p.prompts for p in batch], [p.chosen for p in batch])  # (B,)
+            rejected = model.score_joint([p.prompts for p in batch], [p.rejected for p in batch])  # (B,)
+            margin = None
+            if margin_scale > 0:
+                gaps = torch.tensor([p.chosen_reward - p.rejected_reward for p in batch])  # (B,)
+                margin = margin_scale * torch.nan_to_num(gaps, nan=0.0)
+            loss = bradley_terry_loss(chosen, rejected, margin)
             check_finite_loss(loss, "reward-model loss (`reward_model/loss`)", step + 1)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             step += 1
-            margin = (chosen - rejected).detach().float()
+            lead = (chosen - rejected).detach().float()
             history.append(
                 {
                     "epoch": float(epoch + 1),
                     "step": float(step),
                     "loss": loss.item(),
-                    "accuracy": (margin > 0).float().mean().item(),
-                    "margin": margin.mean().item(),
+                    "accuracy": (lead > 0).float().mean().item(),
+                    "margin": lead.mean().item(),
                 }
             )
     model.eval()
