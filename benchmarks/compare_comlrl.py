@@ -658,11 +658,14 @@ def train_ac(library: str, settings: Settings, args: WorkerArguments, output_dir
 
 def preference_trainer(
     library: str, settings: Settings, model_path: str, output_dir: str, *, trainer: str, seed: int, agents, reward,
+    fresh_pairs_per_pass: bool = False,
 ):  # fmt: skip
     """MADPO or MARLHF, one script for both libraries: CoMLRL 1.4.3's `comlrl.trainers.preference` or multiagent_trl's
     CoMLRL-compatible classes, with the same arguments; only the import differs (and, for ours, where TRL writes its
     output, the seed, no reporting or progress bars, and for MADPO `num_train_epochs=1` with `num_iterations=epochs`,
-    for MARLHF CoMLRL's optimizer: see the module docstring)."""
+    for MARLHF CoMLRL's optimizer: see the module docstring). `fresh_pairs_per_pass`: ours' MADPO instead draws new
+    pairs from the current agents on each of the `epochs` passes (`num_train_epochs=epochs`, as many optimizer steps,
+    `epochs` times the candidates: benchmarks/learning_curves.py's equal sample budget)."""
     from datasets import Dataset
     from transformers import AutoTokenizer
 
@@ -696,7 +699,7 @@ def preference_trainer(
         # each generation batch's pairs from the current policies: one pass over the prompts draws as many candidates,
         # and `num_iterations` trains `epochs` times on each batch's pairs (the same optimizer steps).
         epochs = dict(num_train_epochs=settings.epochs)
-        if library != "comlrl":
+        if library != "comlrl" and not fresh_pairs_per_pass:
             epochs = dict(num_train_epochs=1, num_iterations=settings.epochs)
         config = MADPOConfig(
             **epochs, train_batch_size=settings.preference_train_batch_size, dpo_beta=settings.dpo_beta, **common

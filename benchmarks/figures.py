@@ -1,11 +1,14 @@
 """The benchmark figures (PNG, matplotlib's Agg backend), drawn from the results the benchmark scripts save.
 
     python benchmarks/figures.py comlrl results.json docs/figures/comlrl-multiturn.png
+    python benchmarks/figures.py curves curves.json docs/figures/learning-curves.png
     python benchmarks/figures.py vs_trl docs/benchmarks.md docs/figures/vs-trl.png
 
 - `comlrl`: the JSON that `compare_comlrl.py --json-out` writes; the joint reward against the samples seen per agent,
   one line per library (the mean over seeds) with a band from the lowest to the highest seed, one panel per advantage
   mode and, with `--num-turns 2`, per turn. `compare_comlrl.py --figure PATH` calls the same function after its report.
+- `curves`: the JSON that `learning_curves.py --json-out` writes; the held-out reward against the samples seen per
+  agent, one panel per family, ours against CoMLRL (mean over seeds, band from the lowest to the highest seed).
 - `vs_trl`: the table between the `<!-- bench:vs_trl start -->` markers of docs/benchmarks.md; the team's step time
   beside the sum of the TRL steps, one pair of bars per setup. `vs_trl.py --update-docs` calls the same function with
   its fresh rows, so the table and the figure always come from the same run.
@@ -92,6 +95,40 @@ def comlrl_figure(results: dict, path: str | Path) -> Path:
     return _save(figure, path)
 
 
+def curves_figure(results: dict, path: str | Path) -> Path:
+    """Draw the held-out reward against the samples seen per agent, one panel per family, ours against CoMLRL, from
+    `learning_curves.py --json-out`'s results: each library's mean over seeds at each scoring point, with a band from
+    the lowest to the highest seed.
+
+    Args:
+        results: the parsed JSON (`{"settings": ..., "runs": {family: {library: {seed: {"points": [[x, y], ...]}}}}}`).
+        path: the PNG to write (its folder is created).
+
+    Returns:
+        The path written.
+    """
+    families = list(results["runs"])
+    figure = _figure(3.2 * len(families) + 0.4, 3.2)
+    axes = figure.subplots(1, len(families), sharey=True, squeeze=False)[0]
+    for ax, family in zip(axes, families):
+        for library, seeds in results["runs"][family].items():
+            runs = [dict(map(tuple, run["points"])) for run in seeds.values()]
+            xs = sorted(set.intersection(*(set(run) for run in runs)))
+            columns = [[run[x] for run in runs] for x in xs]
+            mean = [statistics.fmean(c) for c in columns]
+            ax.plot(xs, mean, marker="o", ms=3, label=library, color=COLORS[library])
+            ax.fill_between(xs, [min(c) for c in columns], [max(c) for c in columns], alpha=0.2, color=COLORS[library])
+        ax.set_title(family.upper() if "-" not in family else family, fontsize=10)
+        ax.set_xlabel("samples per agent")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out reward (x100)")
+    axes[0].legend(loc="lower right", fontsize=8)
+    seeds = results["settings"].get("seeds", [])
+    runs = f"mean of {len(seeds)} seeds (band: min to max)" if len(seeds) > 1 else f"seed {seeds[0]}" if seeds else ""
+    figure.suptitle(f"Held-out joint reward, {runs}", fontsize=10)
+    return _save(figure, path)
+
+
 def parse_vs_trl_table(page: str) -> list[dict]:
     """The rows of the table between docs/benchmarks.md's vs_trl markers, with the keys `vs_trl.py` uses.
 
@@ -168,13 +205,17 @@ def _save(figure, path: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("figure", choices=["comlrl", "vs_trl"], help="Which figure to draw.")
-    parser.add_argument("source", help="comlrl: compare_comlrl.py's --json-out file; vs_trl: docs/benchmarks.md.")
+    parser.add_argument("figure", choices=["comlrl", "curves", "vs_trl"], help="Which figure to draw.")
+    parser.add_argument(
+        "source", help="comlrl, curves: compare_comlrl.py's or learning_curves.py's --json-out file; vs_trl: the page."
+    )
     parser.add_argument("output", help="The PNG to write.")
     args = parser.parse_args(argv)
     text = Path(args.source).read_text()
     if args.figure == "comlrl":
         written = comlrl_figure(json.loads(text), args.output)
+    elif args.figure == "curves":
+        written = curves_figure(json.loads(text), args.output)
     else:
         written = vs_trl_figure(parse_vs_trl_table(text), args.output)
     print(f"wrote {written}")

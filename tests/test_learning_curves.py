@@ -1,0 +1,53 @@
+"""benchmarks/learning_curves.py, the learning-curve harness, as a smoke test: `--quick` for MAGRPO in
+multiagent_trl only (one pass of the 10 prompts, scored every 40 samples), then its table, docs block and figure
+read back. No times are asserted."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+SCRIPT = ROOT / "benchmarks" / "learning_curves.py"
+
+
+@pytest.fixture(scope="module")
+def curves():
+    sys.path.insert(0, str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("benchmark_learning_curves", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through the module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_magrpo_run_scores_held_out_prompts_at_fixed_intervals(curves, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="matplotlib draws the figure: pip install -e '.[bench]'")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"before\n{curves.DOCS_MARKERS[0]}\nold\n{curves.DOCS_MARKERS[1]}\nafter\n")
+    out = tmp_path / "curves.json"
+    results = curves.main(
+        ["--quick", "--families", "magrpo", "--libraries", "multiagent_trl", "--json-out", str(out),
+         "--figure", str(tmp_path / "curves.png"), "--update-docs", str(page), "--command", "learning_curves --quick"]
+    )  # fmt: skip
+    run = results["runs"]["magrpo"]["multiagent_trl"]["0"]
+    # 10 prompts x G=8: 80 samples per agent; scored before training, at 40, and after train()
+    assert run["samples"] == 80
+    assert [x for x, _ in run["points"]] == [0, 40, 80]
+    assert all(0.0 <= y <= 100.0 for _, y in run["points"])
+    assert json.loads(out.read_text())["runs"]["magrpo"]["multiagent_trl"]["0"]["points"] == [
+        list(p) for p in run["points"]
+    ]
+    text = page.read_text()
+    assert text.startswith("before\n") and text.endswith(f"{curves.DOCS_MARKERS[1]}\nafter\n") and "old" not in text
+    assert "HF_HUB_OFFLINE=1 learning_curves --quick" in text
+    assert f"| magrpo | 0 | {run['points'][-1][1]:.1f} | {max(y for _, y in run['points']):.1f} | - | - |" in text
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_unknown_family_is_refused_with_the_choices(curves):
+    with pytest.raises(ValueError, match="--families \\['ppo'\\]: unknown; choose from magrpo"):
+        curves.CurveSettings(families=["ppo"])
