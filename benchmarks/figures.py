@@ -80,18 +80,32 @@ def comlrl_figure(results: dict, path: str | Path) -> Path:
     for ax, (title, size, curves) in zip(axes, panels):
         for library, runs in curves.items():
             bins = min(len(run) for run in runs)
-            x = [(k + 1) * size for k in range(bins)]
-            columns = [[run[k] for run in runs] for k in range(bins)]
-            ax.plot(x, [statistics.fmean(c) for c in columns], marker="o", ms=3, label=library, color=COLORS[library])
-            ax.fill_between(x, [min(c) for c in columns], [max(c) for c in columns], alpha=0.2, color=COLORS[library])
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("samples seen per agent")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("joint reward (x100)")
+            _mean_and_band(
+                ax, [(k + 1) * size for k in range(bins)], [[run[k] for run in runs] for k in range(bins)], library
+            )
+        _label_panel(ax, title, "samples seen per agent")
+    return _finish_seed_figure(figure, axes, results, "joint reward (x100)", "Joint reward", path)
+
+
+def _mean_and_band(ax, xs: list, columns: list[list[float]], library: str) -> None:
+    """One library's line: the mean over seeds at each x, with a band from the lowest to the highest seed."""
+    ax.plot(xs, [statistics.fmean(c) for c in columns], marker="o", ms=3, label=library, color=COLORS[library])
+    ax.fill_between(xs, [min(c) for c in columns], [max(c) for c in columns], alpha=0.2, color=COLORS[library])
+
+
+def _label_panel(ax, title: str, xlabel: str) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3)
+
+
+def _finish_seed_figure(figure, axes, results: dict, ylabel: str, title: str, path: str | Path) -> Path:
+    """The y label and legend on the first panel, a title saying which seeds the lines average, then the PNG."""
+    axes[0].set_ylabel(ylabel)
     axes[0].legend(loc="lower right", fontsize=8)
     seeds = results["settings"].get("seeds", [])
     runs = f"mean of {len(seeds)} seeds (band: min to max)" if len(seeds) > 1 else f"seed {seeds[0]}" if seeds else ""
-    figure.suptitle(f"Joint reward, {runs}", fontsize=10)
+    figure.suptitle(f"{title}, {runs}", fontsize=10)
     return _save(figure, path)
 
 
@@ -114,19 +128,9 @@ def curves_figure(results: dict, path: str | Path) -> Path:
         for library, seeds in results["runs"][family].items():
             runs = [dict(map(tuple, run["points"])) for run in seeds.values()]
             xs = sorted(set.intersection(*(set(run) for run in runs)))
-            columns = [[run[x] for run in runs] for x in xs]
-            mean = [statistics.fmean(c) for c in columns]
-            ax.plot(xs, mean, marker="o", ms=3, label=library, color=COLORS[library])
-            ax.fill_between(xs, [min(c) for c in columns], [max(c) for c in columns], alpha=0.2, color=COLORS[library])
-        ax.set_title(family.upper() if "-" not in family else family, fontsize=10)
-        ax.set_xlabel("samples per agent")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("held-out reward (x100)")
-    axes[0].legend(loc="lower right", fontsize=8)
-    seeds = results["settings"].get("seeds", [])
-    runs = f"mean of {len(seeds)} seeds (band: min to max)" if len(seeds) > 1 else f"seed {seeds[0]}" if seeds else ""
-    figure.suptitle(f"Held-out joint reward, {runs}", fontsize=10)
-    return _save(figure, path)
+            _mean_and_band(ax, xs, [[run[x] for run in runs] for x in xs], library)
+        _label_panel(ax, family.upper() if "-" not in family else family, "samples per agent")
+    return _finish_seed_figure(figure, axes, results, "held-out reward (x100)", "Held-out joint reward", path)
 
 
 def parse_vs_trl_table(page: str) -> list[dict]:

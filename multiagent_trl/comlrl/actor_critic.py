@@ -40,7 +40,6 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_utils import SaveStrategy
-from trl.trainer.utils import RepeatSampler
 
 from ..actor_critic.config import ActorCriticConfig, check_hidden_dim
 from ..actor_critic.trainer import ActorCriticTrainer
@@ -58,6 +57,7 @@ from .reinforce import (
     _CheckpointEveryEpochs,
     _comlrl_batch_size,
     _device_list,
+    dataset_order_sampler,
     decay_every_parameter,
     training_data,
 )
@@ -482,8 +482,7 @@ class _CoMLRLActorCritic(ActorCriticTrainer):
     verbose = MAGRPOTrainer.verbose
 
     def _get_eval_sampler(self, eval_dataset):
-        # CoMLRL evaluates the rows in dataset order, as the MAGRPO port does; TRL's sampler shuffles them.
-        return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, shuffle=False)
+        return dataset_order_sampler(eval_dataset, self.num_generations_eval)
 
     pending_checkpoint = MAGRPOTrainer.pending_checkpoint
     save_checkpoint = MAGRPOTrainer.save_checkpoint

@@ -73,7 +73,6 @@ from ..preference.replay import (
     replay_selection,
     write_shard,
 )
-from ..preference.sampling import play_candidates
 from ..rewards.joint import reward_range
 from .preference import MADPOConfig, MADPOTrainer
 
@@ -429,7 +428,7 @@ class IterativePairs:
     def _candidates(self, items: list[dict], width: int) -> list[dict[str, Any]]:
         """Per item: each agent's prompt, its `width` completions (text and token ids), and the joint rewards of the
         aligned candidates (after the reward processor, and raw)."""
-        level = play_candidates(self, items, width)
+        level = self.sample(items, width)
         processed = level.joint.view(-1, width)[: len(items)].tolist()
         per_func = level.rewards_per_func.to(self.reward_weights.device)  # (rows, F)
         raw = (per_func * self.reward_weights).nansum(dim=1).view(-1, width)[: len(items)].tolist()

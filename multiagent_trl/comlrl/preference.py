@@ -73,7 +73,7 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..preference.config import MultiAgentDPOConfig
-from ..preference.trainer import MultiAgentDPOTrainer
+from ..preference.trainer import DPO_TAG_NAMES, MultiAgentDPOTrainer
 from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
 from ..rollout.evaluation import EvalTrajectories
 from .centralized import role_trajectories
@@ -350,7 +350,7 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
 
     default_config_cls = MADPOConfig
     algorithm_name = "MADPO"
-    _tag_names = ["trl", "dpo", "multiagent-trl", "madpo"]  # TRL's class attributes, as the native trainer's
+    _tag_names = DPO_TAG_NAMES  # TRL's class attribute, the native trainer's (MAGRPOTrainer's comes first otherwise)
     _name = "MADPO"
 
     def __init__(

@@ -642,8 +642,7 @@ class MAGRPOTrainer(MultiAgentGRPOTrainer):
         return super().evaluate(eval_dataset=dataset, ignore_keys=ignore_keys, **kwargs)
 
     def _get_eval_sampler(self, eval_dataset):
-        # CoMLRL evaluates the rows in dataset order (its logger's lists follow it); TRL's sampler shuffles them.
-        return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, shuffle=False)
+        return dataset_order_sampler(eval_dataset, self.num_generations_eval)
 
     def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
         """CoMLRL's evaluation metrics: per turn the mean reward and the expected return, plus `eval_aggregator`'s
@@ -719,6 +718,12 @@ class MARLOOTrainer(MAGRPOTrainer):
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
+
+
+def dataset_order_sampler(eval_dataset, num_generations: int) -> RepeatSampler:
+    """CoMLRL's evaluation order: the rows in dataset order (its logger's lists follow it), each `num_generations`
+    times; TRL's sampler shuffles them."""
+    return RepeatSampler(eval_dataset, mini_repeat_count=num_generations, shuffle=False)
 
 
 def training_data(train_dataset):

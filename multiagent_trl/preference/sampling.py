@@ -2,10 +2,9 @@
 (`MultiAgentGRPOTrainer` or a subclass) outside its training step. What it returns is plain data for `pairs`,
 `reward_training` and `replay`.
 
-- `play_candidates`: every agent's K completions of each row, and the joint rewards of the K aligned joint samples
-  (one turn of the team core, `MultiAgentGRPOTrainer.sample`).
-- `collect_preference_pairs`: those candidates over a whole dataset, split over the processes, paired by CoMLRL's
-  selection (MARLHF's first stage), with what the sampling records kept out of the training logs.
+`collect_preference_pairs` plays the team on a whole dataset (`MultiAgentGRPOTrainer.sample`: every agent's K
+completions of each row and the joint rewards of the K aligned joint samples), split over the processes, and pairs
+them by CoMLRL's selection (MARLHF's first stage), with what the sampling records kept out of the training logs.
 """
 
 from __future__ import annotations
@@ -16,23 +15,11 @@ from typing import TYPE_CHECKING
 import torch
 from accelerate.utils import gather_object
 
-from ..rollout.tree import Level
 from .pairs import check_pair_set
 from .reward_training import JointPreferencePair, pairs_from_candidates
 
 if TYPE_CHECKING:
     from ..team.protocol import TeamTrainer
-
-
-def play_candidates(trainer: TeamTrainer, rows: list[dict], width: int) -> Level:
-    """One turn of `trainer`'s team on `rows`: each agent samples `width` completions per row (its own prompt from the
-    trainer's formatters), and the trainer's reward functions score the `width` aligned joint samples of each row.
-
-    Returns the played `rollout.tree.Level`: `level.rollouts[i]` holds agent i's completions (row n's at
-    `n * width ...`), `level.joint` the gathered joint rewards after the reward processor, `level.rewards_per_func`
-    the gathered raw rewards of each function.
-    """
-    return trainer.sample(rows, width)
 
 
 def collect_preference_pairs(
@@ -83,7 +70,7 @@ def collect_preference_pairs(
                 chunk = local[c * items_per_call : (c + 1) * items_per_call]
                 real = len(chunk)
                 chunk = chunk or rows[:1]  # a process out of items plays one and keeps nothing
-                level = play_candidates(trainer, chunk, num_candidates)
+                level = trainer.sample(chunk, num_candidates)
                 nodes = len(level.nodes)
                 # (nodes, K): this process's items
                 rewards = level.joint.view(-1, num_candidates)[rank * nodes : (rank + 1) * nodes].tolist()
@@ -105,4 +92,4 @@ def collect_preference_pairs(
     return pairs
 
 
-__all__ = ["collect_preference_pairs", "play_candidates"]
+__all__ = ["collect_preference_pairs"]

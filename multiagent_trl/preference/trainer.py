@@ -53,6 +53,7 @@ from .pairs import check_pair_set, select_pairs
 logger = logging.getLogger(__name__)
 
 SIDES = ("chosen", "rejected")
+DPO_TAG_NAMES = ["trl", "dpo", "multiagent-trl", "madpo"]  # TRL's `_tag_names`: every agent's model card
 
 
 class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
@@ -96,7 +97,7 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
     ```
     """
 
-    _tag_names = ["trl", "dpo", "multiagent-trl", "madpo"]
+    _tag_names = DPO_TAG_NAMES
     _name = "MADPO"
     _found_pairs = False  # whether a training batch of this run held a pair yet
     covers_every_item = True  # every item trained each epoch, the last generation batch completed (`rollout.buffers`)
