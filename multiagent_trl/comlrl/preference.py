@@ -63,7 +63,6 @@ too (on-policy pairs per generation batch, in particular).
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -75,22 +74,22 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..preference.config import MultiAgentDPOConfig
 from ..preference.trainer import MultiAgentDPOTrainer
 from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
-from ..rollout.evaluation import EvalTrajectories
-from .centralized import role_trajectories
-from .reinforce import (
-    PARALLEL_TRAINING,
+from ..rollout.evaluation import EvalTrajectories, role_trajectories
+from .behaviour import centralized_team, decay_every_parameter, one_actor
+from .fields import (
     CoMLRLOptimization,
-    MAGRPOTrainer,
-    _check_accelerate_device,
-    _comlrl_batch_size,
-    _device_list,
-    _one_of,
-    decay_every_parameter,
+    check_accelerate_device,
+    check_fields,
+    check_parallel,
+    comlrl_batch_sizes,
+    device_list,
+    map_evaluation,
 )
+from .reinforce import MAGRPOTrainer
 
+_one_actor = one_actor  # the name `marlhf` imports
 logger = logging.getLogger(__name__)
 
-COLLABORATION_MODES = ("decentralized", "centralized")
 # MAGRPO's fields that CoMLRL's MADPOConfig accepts and its MADPO never reads (single turn, no advantages, the W&B
 # x-axis), with their defaults: accepted here too, with a warning when set to something else.
 UNUSED_FIELDS = {
@@ -106,6 +105,7 @@ UNUSED_FIELDS = {
 }
 
 
+@comlrl_batch_sizes
 @dataclass
 class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
     r"""
@@ -230,19 +230,16 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
             self._generation_batch()
         )
         self.generation_batch_size = None  # TRL derives it from the two above
-        if self.eval_interval > 0:
-            self.eval_strategy, self.eval_steps, self.eval_on_start = "steps", self.eval_interval, True
-        self.per_device_eval_batch_size = self.comlrl_eval_batch_size
-        self.num_generations_eval = 1  # CoMLRL evaluates one completion per item
+        map_evaluation(self)
         spec = self.agent_devices
         if self.parallel_training == "mp":
-            self.agent_devices = _device_list(self.agent_devices, self.num_agents, "agent_devices")
+            self.agent_devices = device_list(self.agent_devices, self.num_agents, "agent_devices")
         else:
             self.agent_devices = None
         self.reference_devices = None  # only read with reference_kl_enabled, which raises
         super().__post_init__()
         if self.parallel_training == "none":
-            _check_accelerate_device("agent_devices", spec, self.device)
+            check_accelerate_device("agent_devices", spec, self.device)
 
     def _generation_batch(self) -> tuple[int, int, int | None]:
         """`(per_device_train_batch_size, steps_per_generation, pair_steps_per_generation)`: a generation batch is
@@ -257,13 +254,11 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
     def _check_comlrl_fields(self) -> None:
         """CoMLRL 1.4.3's own checks of `MADPOConfig` (those of fields the core names otherwise; the core checks the
         rest), raised before anything is mapped."""
-        mode = str(self.collaboration_mode).strip().lower()
-        if mode not in COLLABORATION_MODES:
-            raise ValueError(
-                f"`collaboration_mode` must be 'decentralized' or 'centralized', got {self.collaboration_mode!r}."
-            )
-        self.collaboration_mode = mode
-        if mode == "centralized":  # CoMLRL's checks of the iterative configs' comparator fields, where they exist
+        check_fields(self, "MADPOConfig")
+        check_parallel(self, "agent_devices")
+        if (
+            self.collaboration_mode == "centralized"
+        ):  # CoMLRL's checks of the iterative configs' comparator fields, where they exist
             if getattr(self, "comparator_centralized_agent_index", 0) != 0:
                 raise ValueError(
                     "Centralized collaboration has one actor: `comparator_centralized_agent_index` must be 0, got "
@@ -271,38 +266,6 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
                 )
             if hasattr(self, "comparator_generation_mode"):
                 self.comparator_generation_mode = "centralized"
-        for name, minimum in (
-            ("num_train_epochs", 1),
-            ("num_agents", 1),
-            ("rollout_buffer_size", 1),
-            ("eval_interval", 0),
-            ("eval_num_samples", 0),
-            ("comlrl_eval_batch_size", 1),
-            ("num_turns", 1),
-            ("logging_steps", 1),
-            ("max_new_tokens", 1),
-            ("preference_num_candidates", 2),
-            ("environment_steps_per_pair", 1),
-        ):
-            value = getattr(self, name)
-            if value is not None and value < minimum:
-                raise ValueError(f"`{name.removeprefix('comlrl_')}` must be at least {minimum}, got {value}.")
-        if self.preference_pairs_per_sample is not None and self.preference_pairs_per_sample < 1:
-            raise ValueError(
-                f"`preference_pairs_per_sample` must be at least 1, or None for no limit; got "
-                f"{self.preference_pairs_per_sample}."
-            )
-        if self.comlrl_train_batch_size is not None and self.comlrl_train_batch_size < 1:
-            raise ValueError(f"`train_batch_size` must be at least 1 (or None), got {self.comlrl_train_batch_size}.")
-        parallel = str(self.parallel_training or "none").strip().lower()
-        parallel = "none" if parallel == "null" else parallel
-        if parallel not in PARALLEL_TRAINING:
-            raise ValueError(f"`parallel_training` must be 'none' or 'mp', got {self.parallel_training!r}.")
-        if parallel == "mp" and self.agent_devices is None:
-            raise ValueError("`parallel_training='mp'` needs `agent_devices`: one device per agent (or 'auto').")
-        self.parallel_training = parallel
-        if self.reference_kl_coef < 0:
-            raise ValueError(f"`reference_kl_coef` must be >= 0, got {self.reference_kl_coef}.")
         if self.reference_kl_enabled:
             raise ValueError(
                 "`reference_kl_enabled=True` has no effect on CoMLRL's MADPO loss (it loads reference models and "
@@ -319,10 +282,6 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
                 "counts optimizer steps).",
                 ", ".join(f"`{name}={value!r}`" for name, value in changed.items()),
             )
-
-
-MADPOConfig.train_batch_size = _comlrl_batch_size("train_batch_size")
-MADPOConfig.eval_batch_size = _comlrl_batch_size("eval_batch_size")
 
 
 class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
@@ -350,8 +309,8 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
 
     default_config_cls = MADPOConfig
     algorithm_name = "MADPO"
-    _tag_names = MultiAgentDPOTrainer._tag_names
-    _name = MultiAgentDPOTrainer._name
+    _tag_names = ["trl", "dpo", "multiagent-trl", "madpo"]  # TRL's class attributes: the model card's tags and name
+    _name = "MADPO"
 
     def __init__(
         self,
@@ -385,20 +344,11 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
         self.centralized_collaboration: CentralizedCollaboration | None = None
         self.num_roles = num_agents
         if args.collaboration_mode == "centralized":
-            agents = _one_of("model", kwargs.pop("model", None), "agents", agents)
-            agents, tokenizer = _one_actor(agents, tokenizer, num_agents)
-            reward_func = _one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", reward_func)
-            if not callable(reward_func):
-                raise ValueError(f"`reward_func` must be one callable (the roles' joint reward), got {reward_func!r}.")
-            if num_agents != args.num_agents:
-                raise ValueError(
-                    f"`num_agents={num_agents}` (the number of roles) must equal `args.num_agents={args.num_agents}`."
-                )
-            self.centralized_collaboration = CentralizedCollaboration(adapter, formatters, reward_func, num_agents)
+            self.centralized_collaboration, agents, tokenizer, args = centralized_team(
+                adapter, agents, tokenizer, reward_func, formatters, num_agents, args, kwargs, "MADPO"
+            )
             formatters, reward_func = self.centralized_collaboration.build_prompt, self.centralized_collaboration
-            # The core trains one model: its config says one agent; the user's config keeps the role count.
-            args = copy.copy(args)
-            args.num_agents = num_agents = 1
+            num_agents = 1
         super().__init__(
             agent_model=agent_model,
             agents=agents,
@@ -426,22 +376,6 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
         return super().trajectory_metrics(trajectories)
 
     get_decay_parameter_names = decay_every_parameter  # CoMLRL's AdamW decays every parameter
-
-
-def _one_actor(agents, tokenizer, num_roles: int, algorithm: str = "MADPO"):
-    """Centralized mode's one model and tokenizer, each unwrapped from a list of one (CoMLRL accepts those)."""
-    if isinstance(agents, (list, tuple)):
-        if len(agents) != 1:
-            raise ValueError(
-                f"Centralized {algorithm} trains exactly one actor model (it writes all {num_roles} roles); got "
-                f"{len(agents)} in `agents`."
-            )
-        agents = agents[0]
-    if isinstance(tokenizer, (list, tuple)):
-        if len(tokenizer) != 1:
-            raise ValueError(f"Centralized {algorithm} has one actor model and one tokenizer; got {len(tokenizer)}.")
-        tokenizer = tokenizer[0]
-    return agents, tokenizer
 
 
 __all__ = ["MADPOConfig", "MADPOTrainer"]
