@@ -8,23 +8,9 @@ A CoMLRL actor-critic script runs with only its import line changed:
 +from multiagent_trl import IACConfig, IACTrainer
 ```
 
-Every CoMLRL field is mapped onto the core, or raises naming itself where the core has no counterpart yet. CoMLRL's
-numbers are kept where they are the algorithm: the actor's log-probabilities at temperature 1 whatever the sampling
-temperature, one policy-gradient pass per buffer with no importance ratio (TRL's `loss_type="luspo"` at ratio 1 has
-exactly that gradient), AdamW with weight decay 0.01 on every parameter, a constant learning rate, no gradient
-clipping, the reward called once per dataset item with lists of `num_generations` completions, advantages
-standardized over each agent's buffer, the value loss `value_loss_coef * mean((y - v)^2)`.
-
-CoMLRL quirks deliberately not replicated: a buffer holds whole prompts (`rollout_buffer_size` must be a multiple of
-`num_generations`; CoMLRL overfills it); the epoch's last buffer is as large as the others, completed with items
-from the start of the epoch, which train twice in that epoch (CoMLRL trains a smaller last buffer; either way every
-item trains each epoch, and a buffer larger than the dataset trains); the end-of-sequence token is always scored
-(CoMLRL skips it when the padding token is the end token);
-a `TypeError` raised inside the reward function propagates (CoMLRL retries the call once);
-MAAC's critic takes one optimizer step per buffer on the mean of the agents' value losses (CoMLRL steps it once per
-agent); a multi-turn buffer trains all its turns in one optimizer step (CoMLRL steps once per turn: the same targets
-and advantages); `top_k=None` means no top-k filtering (CoMLRL leaves the model's generation config's);
-`eval_interval` and `logging_steps` count optimizer steps (CoMLRL counts items and environment steps).
+Every CoMLRL field is mapped onto the core (`fields.FAMILIES["IACConfig"]`), or raises naming itself where the core
+has no counterpart yet. CoMLRL's numbers are kept where they are the algorithm; `docs/actor-critic.md` lists them
+and the quirks deliberately not replicated.
 """
 
 from __future__ import annotations

@@ -17,36 +17,8 @@ other agents' log-ratios detached and taken before the update, reference-free, l
 CoMLRL's pair selection (strict reward order, stable ties, Python's `random` for `"random"`), AdamW with weight
 decay 0.01 on every parameter, a constant learning rate, no gradient clipping, the dataset in order.
 
-Deliberate differences from CoMLRL 1.4.3, and why:
-
-1. Pairs are drawn from the current policies each generation batch (`rollout_buffer_size` items, K =
-   `preference_num_candidates` candidates each), not once from the initial policies over the whole dataset: the
-   pairs stay on-policy as the agents improve, and the K candidates of the whole dataset need not be held at once.
-   `num_train_epochs` counts passes over the dataset, each one sampling new pairs (CoMLRL: passes over the fixed
-   pair set). TRL's `num_iterations` trains on each generation batch's pairs several times.
-2. The last completion token is scored (the end token, or the last word of a completion cut at `max_new_tokens`);
-   CoMLRL's decentralized MADPO leaves it out, and a one-token completion then has no gradient. `drop_last_token=True`
-   reproduces CoMLRL's scoring (the parity tests use it).
-3. When no generation batch has held a pair yet (every candidate of every item got the same reward), training
-   raises with the fix; CoMLRL prints a line and trains on nothing. Once pairs were found, a batch without any (the
-   agents converged on one answer) trains nothing and logs a warning.
-4. Batches: a generation batch's pairs (`preference_pairs_per_sample` slots per item, empty slots weighted 0) are
-   shuffled and split into `ceil(rollout_buffer_size * pairs / train_batch_size)` optimizer steps, so a step holds
-   `train_batch_size` pair slots on average (CoMLRL: exactly `train_batch_size` pairs, the last batch shorter).
-   When the steps do not divide the `rollout_buffer_size * preference_num_candidates` completions, the split is
-   `pair_steps_per_generation`'s (the configuration is accepted, as CoMLRL accepts it). Every item is trained each
-   epoch: the epoch's last generation batch is completed with items from the start of the epoch, which then draw
-   pairs twice in that epoch (CoMLRL's pair set covers each item once), and a buffer larger than the dataset trains.
-5. `eval_interval` and `logging_steps` count optimizer steps; `use_environment_step` and
-   `environment_steps_per_pair` are accepted but only set CoMLRL's W&B x-axis (environment steps = 2 per pair),
-   which TRL's logging does not use. They, and MAGRPO's fields that CoMLRL's MADPO never reads (`discount`,
-   `advantage_mode`, ...: `UNUSED_FIELDS`), log a warning when set to anything but their default.
-6. A non-finite loss is not replaced by a constant 0.1 without gradient (CoMLRL's): it stops training with a
-   `FloatingPointError` naming the loss and the step, before any weight takes it.
-7. `reference_kl_enabled=True` raises: in CoMLRL's MADPO it loads reference models and never uses them. A frozen
-   reference in the DPO loss is `reference_free=False` here.
-8. Evaluation needs no pair: it is MAGRPO's (one completion per item, `eval_turn_1/reward_mean`, ...), and the
-   preference loss is not computed in evaluation.
+The deliberate differences from CoMLRL 1.4.3 (pairs drawn on-policy each generation batch, the last token scored,
+no silent training on nothing, ...) are listed with their reasons in `docs/comlrl-users.md` (MADPO).
 
 Centralized collaboration (`collaboration_mode="centralized"`, CoMLRL's): one model writes every role's output from one
 joint prompt. As in CoMLRL, `centralized_comparator_adapter` (default `TaggedCentralizedComparatorAdapter()`, checked
@@ -121,9 +93,9 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
         rollout_buffer_size (`int`, *optional*, defaults to `2`):
             Items per generation batch (each with K candidates per agent).
         train_batch_size (`int` or `None`, *optional*, defaults to `None`):
-            Pairs per optimizer step (`None`: `rollout_buffer_size`); sets `steps_per_generation` (see the module
-            docstring, difference 4). Reading `config.train_batch_size` gives Trainer's property; CoMLRL's value is
-            `config.comlrl_train_batch_size`.
+            Pairs per optimizer step (`None`: `rollout_buffer_size`); sets `steps_per_generation` (the MADPO
+            differences in `docs/comlrl-users.md`, 4). Reading `config.train_batch_size` gives Trainer's property;
+            CoMLRL's value is `config.comlrl_train_batch_size`.
         temperature, top_p, top_k (defaults `0.6`, `0.6`, `50`): sampling (`top_k=None`: no top-k filtering).
         num_train_epochs (`20`), num_agents (`2`), logging_steps (`50`): passes over the dataset, agents, log interval
             in optimizer steps.
@@ -138,8 +110,8 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
             MAGRPO's fields, accepted as CoMLRL accepts them; MADPO does not use them (a warning when one is set to
             another value). The same holds for `advantage_normalization` (`True`) and `advantage_mode` (`"mean"`).
         reference_kl_enabled (`False`; `True` raises), reference_kl_coef (`0.1`), reference_devices (`None`):
-            CoMLRL's unused reference-KL fields (see difference 7).
-        use_environment_step (`True`), environment_steps_per_pair (`2`): CoMLRL's W&B x-axis (difference 5).
+            CoMLRL's unused reference-KL fields (difference 7 there).
+        use_environment_step (`True`), environment_steps_per_pair (`2`): CoMLRL's W&B x-axis (difference 5 there).
 
     Settings kept from CoMLRL for its numbers: `optim="adamw_torch"`, `weight_decay=0.01` (on every parameter),
     `lr_scheduler_type="constant"`, `max_grad_norm=0.0` (no clipping), `shuffle_dataset=False`,
