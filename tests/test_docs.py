@@ -51,3 +51,15 @@ def test_the_api_page_lists_public_names_only():
             assert target.__module__ == module_name, identifier
         documented.add(getattr(target, "__name__", name))
     assert set(multiagent_trl.__all__) <= documented  # and every name the package exports
+
+
+def test_the_comlrl_field_tables_are_generated_from_the_layers_table():
+    """`docs/comlrl-users.md`'s field blocks are `multiagent_trl.comlrl.fields`' table, with the configs' defaults
+    (`python docs/comlrl_fields.py` regenerates them)."""
+    from multiagent_trl.comlrl import IACConfig, MADPOConfig, MAGRPOConfig
+    from multiagent_trl.comlrl.fields import FAMILIES, render_docs
+
+    configs = {config.__name__: config for config in (MAGRPOConfig, IACConfig, MADPOConfig)}
+    text = (ROOT / "docs" / "comlrl-users.md").read_text()
+    assert all(f"<!-- fields: {family} -->" in text for family in FAMILIES)
+    assert text == render_docs(text, configs)

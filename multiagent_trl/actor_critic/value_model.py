@@ -416,3 +416,45 @@ def model_config_of(source: str | os.PathLike, setting: str) -> PretrainedConfig
             f"`{setting}={str(source)!r}` is not a model id or a folder holding a saved model ({error}). Give a "
             "causal LM's id or folder (with its config.json), or a model object."
         ) from error
+
+
+def critic_load_kwargs(model_config: dict, critic_kwargs: dict | None) -> dict:
+    """`from_pretrained` arguments of critics given by name: `critic_model_kwargs`, with the dtype and attention
+    implementation of `model_config` where they do not say."""
+    kwargs = dict(critic_kwargs or {})
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"`model_config['critic_model_kwargs']` must be a dict, got {type(critic_kwargs).__name__}.")
+    dtype = kwargs.pop("torch_dtype", None) or kwargs.pop("dtype", None)
+    dtype = dtype or model_config.get("torch_dtype") or model_config.get("dtype")
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype)
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if "attn_implementation" in model_config:
+        kwargs.setdefault("attn_implementation", model_config["attn_implementation"])
+    return kwargs
+
+
+def as_critic(source, hidden_dim: int | None, load_kwargs: dict, setting: str) -> CausalLMWithValueHead:
+    """A critic from any source CoMLRL accepts: an id or path (a `value_head.pt` there is loaded), a causal LM (a
+    new head), or a CoMLRL or multiagent_trl `CausalLMWithValueHead` (its weights). `setting` names the argument in
+    errors; `load_kwargs` go to `from_pretrained` (`critic_load_kwargs`)."""
+    if isinstance(source, CausalLMWithValueHead):
+        return source
+    if type(source).__name__ == "CausalLMWithValueHead":  # CoMLRL's own class: the same layout
+        critic = CausalLMWithValueHead(source.model, hidden_dim or head_hidden_dim(source.value_head))
+        if source.value_head is not None:
+            critic.value_head.load_state_dict(source.value_head.state_dict())
+        return critic
+    if isinstance(source, torch.nn.Module):
+        return CausalLMWithValueHead(source, hidden_dim)
+    model_config_of(source, setting)  # a ValueError naming the setting, not the Hub's about a repo id
+    return CausalLMWithValueHead.from_pretrained(
+        str(source), value_head_hidden_dim=hidden_dim, attach_value_head=True, **load_kwargs
+    )
+
+
+def head_hidden_dim(head) -> int | None:
+    """The hidden width of a value head (`None`: a linear head)."""
+    pre = getattr(head, "pre_projection", None)
+    return None if pre is None else pre[0].out_features

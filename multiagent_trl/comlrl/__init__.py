@@ -1,7 +1,10 @@
-"""CoMLRL's names, arguments and defaults, translated onto the core trainers: the reinforce family (`reinforce`),
+"""CoMLRL's names, arguments and defaults, translated onto the native trainers: the reinforce family (`reinforce`),
 the actor-critic family (`actor_critic`), centralized MAGRPO (`centralized`: one model writes every role), MADPO
 (`preference`), MARLHF (`marlhf`, with CoMLRL's `JointRewardModel`: `multiagent_trl.preference.reward_model`'s),
-iterative MADPO (`iterative`) and iterative MARLHF (`marlhf_iter`)."""
+iterative MADPO (`iterative`) and iterative MARLHF (`marlhf_iter`). What they share is in two modules: `behaviour`
+(the trainers' CoMLRL entry points: `train()`'s checkpoint arguments, `evaluate`, `log`, `verbose`, `wandb_config`,
+the centralized setup) and `fields` (the one table of CoMLRL's config fields, their native counterparts and limits,
+which the configs check and `docs/comlrl-users.md` renders)."""
 
 from ..preference.reward_model import JointRewardModel
 from ..rewards.centralized import (

@@ -16,13 +16,15 @@ model on whole joint completions. Only the reward and evaluation see the roles.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..rewards.centralized import CentralizedCollaboration, check_adapter
-from ..rollout.evaluation import EvalTrajectories
-from .reinforce import MAGRPOConfig, MAGRPOTrainer, _one_of
+from ..rewards.centralized import check_adapter
+from ..rollout.evaluation import EvalTrajectories, role_trajectories
+from .behaviour import centralized_team
+from .reinforce import MAGRPOConfig, MAGRPOTrainer
+
+__all__ = ["CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer", "role_trajectories"]  # `marlhf` imports the last
 
 COLLABORATION_MODES = ("centralized",)
 
@@ -124,38 +126,17 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
             )
         if args.num_turns != 1:
             raise ValueError(f"`num_turns` must be 1 for centralized MAGRPO (single-turn only), got {args.num_turns}.")
-        if num_agents != args.num_agents:
-            raise ValueError(
-                f"`num_agents={num_agents}` (the number of roles) must equal `args.num_agents={args.num_agents}`."
-            )
         if centralized_adapter is None:
             raise TypeError(
                 "CentralizedMAGRPOTrainer needs `centralized_adapter=`: TaggedCentralizedComparatorAdapter() "
                 "(CoMLRL's <agent_i>...</agent_i> protocol) or your own with `build_prompt` and `parse_completion`."
             )
         check_adapter(centralized_adapter)
-        agents = _one_of("model", kwargs.pop("model", None), "agents", agents)
-        if isinstance(agents, (list, tuple)):
-            if len(agents) != 1:
-                raise ValueError(
-                    f"Centralized MAGRPO trains exactly one model (it writes all {num_agents} roles); got "
-                    f"{len(agents)} in `agents`."
-                )
-            agents = agents[0]
-        if isinstance(tokenizer, (list, tuple)):
-            if len(tokenizer) != 1:
-                raise ValueError(f"Centralized MAGRPO has one model and one tokenizer; got {len(tokenizer)}.")
-            tokenizer = tokenizer[0]
-        reward_func = _one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", reward_func)
-        if not callable(reward_func):
-            raise ValueError(f"`reward_func` must be one callable (the roles' joint reward), got {reward_func!r}.")
         self.num_roles = num_agents
-        self.centralized_collaboration = CentralizedCollaboration(
-            centralized_adapter, formatters, reward_func, num_agents
+        collaboration, agents, tokenizer, core_args = centralized_team(
+            centralized_adapter, agents, tokenizer, reward_func, formatters, num_agents, args, kwargs, "MAGRPO"
         )
-        # The core trains one model: its config says one agent. The user's config keeps the role count.
-        core_args = copy.copy(args)
-        core_args.num_agents = 1
+        self.centralized_collaboration = collaboration
         super().__init__(
             agents=agents,
             num_agents=1,
@@ -169,20 +150,3 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
     def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
         """`MAGRPOTrainer`'s evaluation metrics, with `eval_logger` given the roles' outputs `[role][row][turn]`."""
         return super().trajectory_metrics(role_trajectories(self.centralized_collaboration, trajectories))
-
-
-def role_trajectories(collaboration: CentralizedCollaboration, trajectories: EvalTrajectories) -> EvalTrajectories:
-    """One writer's evaluation trajectories as the roles' (`[role][row][turn]`, each role with its own prompt), the
-    layout CoMLRL's `eval_logger` receives from a centralized team; the rewards are the joint ones."""
-    rows = trajectories.rows
-    role_prompts = [collaboration.role_prompts(row) for row in rows]  # (rows, roles)
-    return EvalTrajectories(
-        collaboration.num_roles,
-        rows=rows,
-        prompts=[
-            [[prompts[r]] * len(turns) for prompts, turns in zip(role_prompts, trajectories.completions[0])]
-            for r in range(collaboration.num_roles)
-        ],
-        completions=collaboration.split_eval(trajectories.completions, rows),
-        rewards=trajectories.rewards,
-    )

@@ -17,36 +17,8 @@ other agents' log-ratios detached and taken before the update, reference-free, l
 CoMLRL's pair selection (strict reward order, stable ties, Python's `random` for `"random"`), AdamW with weight
 decay 0.01 on every parameter, a constant learning rate, no gradient clipping, the dataset in order.
 
-Deliberate differences from CoMLRL 1.4.3, and why:
-
-1. Pairs are drawn from the current policies each generation batch (`rollout_buffer_size` items, K =
-   `preference_num_candidates` candidates each), not once from the initial policies over the whole dataset: the
-   pairs stay on-policy as the agents improve, and the K candidates of the whole dataset need not be held at once.
-   `num_train_epochs` counts passes over the dataset, each one sampling new pairs (CoMLRL: passes over the fixed
-   pair set). TRL's `num_iterations` trains on each generation batch's pairs several times.
-2. The last completion token is scored (the end token, or the last word of a completion cut at `max_new_tokens`);
-   CoMLRL's decentralized MADPO leaves it out, and a one-token completion then has no gradient. `drop_last_token=True`
-   reproduces CoMLRL's scoring (the parity tests use it).
-3. When no generation batch has held a pair yet (every candidate of every item got the same reward), training
-   raises with the fix; CoMLRL prints a line and trains on nothing. Once pairs were found, a batch without any (the
-   agents converged on one answer) trains nothing and logs a warning.
-4. Batches: a generation batch's pairs (`preference_pairs_per_sample` slots per item, empty slots weighted 0) are
-   shuffled and split into `ceil(rollout_buffer_size * pairs / train_batch_size)` optimizer steps, so a step holds
-   `train_batch_size` pair slots on average (CoMLRL: exactly `train_batch_size` pairs, the last batch shorter).
-   When the steps do not divide the `rollout_buffer_size * preference_num_candidates` completions, the split is
-   `pair_steps_per_generation`'s (the configuration is accepted, as CoMLRL accepts it). Every item is trained each
-   epoch: the epoch's last generation batch is completed with items from the start of the epoch, which then draw
-   pairs twice in that epoch (CoMLRL's pair set covers each item once), and a buffer larger than the dataset trains.
-5. `eval_interval` and `logging_steps` count optimizer steps; `use_environment_step` and
-   `environment_steps_per_pair` are accepted but only set CoMLRL's W&B x-axis (environment steps = 2 per pair),
-   which TRL's logging does not use. They, and MAGRPO's fields that CoMLRL's MADPO never reads (`discount`,
-   `advantage_mode`, ...: `UNUSED_FIELDS`), log a warning when set to anything but their default.
-6. A non-finite loss is not replaced by a constant 0.1 without gradient (CoMLRL's): it stops training with a
-   `FloatingPointError` naming the loss and the step, before any weight takes it.
-7. `reference_kl_enabled=True` raises: in CoMLRL's MADPO it loads reference models and never uses them. A frozen
-   reference in the DPO loss is `reference_free=False` here.
-8. Evaluation needs no pair: it is MAGRPO's (one completion per item, `eval_turn_1/reward_mean`, ...), and the
-   preference loss is not computed in evaluation.
+The deliberate differences from CoMLRL 1.4.3 (pairs drawn on-policy each generation batch, the last token scored,
+no silent training on nothing, ...) are listed with their reasons in `docs/comlrl-users.md` (MADPO).
 
 Centralized collaboration (`collaboration_mode="centralized"`, CoMLRL's): one model writes every role's output from one
 joint prompt. As in CoMLRL, `centralized_comparator_adapter` (default `TaggedCentralizedComparatorAdapter()`, checked
@@ -63,7 +35,6 @@ too (on-policy pairs per generation batch, in particular).
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -75,22 +46,22 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..preference.config import MultiAgentDPOConfig
 from ..preference.trainer import DPO_TAG_NAMES, MultiAgentDPOTrainer
 from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
-from ..rollout.evaluation import EvalTrajectories
-from .centralized import role_trajectories
-from .reinforce import (
-    PARALLEL_TRAINING,
+from ..rollout.evaluation import EvalTrajectories, role_trajectories
+from .behaviour import centralized_team, decay_every_parameter, one_actor
+from .fields import (
     CoMLRLOptimization,
-    MAGRPOTrainer,
-    _check_accelerate_device,
-    _comlrl_batch_size,
-    _device_list,
-    _one_of,
-    decay_every_parameter,
+    check_accelerate_device,
+    check_fields,
+    check_parallel,
+    comlrl_batch_sizes,
+    device_list,
+    map_evaluation,
 )
+from .reinforce import MAGRPOTrainer
 
+_one_actor = one_actor  # the name `marlhf` imports
 logger = logging.getLogger(__name__)
 
-COLLABORATION_MODES = ("decentralized", "centralized")
 # MAGRPO's fields that CoMLRL's MADPOConfig accepts and its MADPO never reads (single turn, no advantages, the W&B
 # x-axis), with their defaults: accepted here too, with a warning when set to something else.
 UNUSED_FIELDS = {
@@ -106,6 +77,7 @@ UNUSED_FIELDS = {
 }
 
 
+@comlrl_batch_sizes
 @dataclass
 class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
     r"""
@@ -121,9 +93,9 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
         rollout_buffer_size (`int`, *optional*, defaults to `2`):
             Items per generation batch (each with K candidates per agent).
         train_batch_size (`int` or `None`, *optional*, defaults to `None`):
-            Pairs per optimizer step (`None`: `rollout_buffer_size`); sets `steps_per_generation` (see the module
-            docstring, difference 4). Reading `config.train_batch_size` gives Trainer's property; CoMLRL's value is
-            `config.comlrl_train_batch_size`.
+            Pairs per optimizer step (`None`: `rollout_buffer_size`); sets `steps_per_generation` (the MADPO
+            differences in `docs/comlrl-users.md`, 4). Reading `config.train_batch_size` gives Trainer's property;
+            CoMLRL's value is `config.comlrl_train_batch_size`.
         temperature, top_p, top_k (defaults `0.6`, `0.6`, `50`): sampling (`top_k=None`: no top-k filtering).
         num_train_epochs (`20`), num_agents (`2`), logging_steps (`50`): passes over the dataset, agents, log interval
             in optimizer steps.
@@ -138,8 +110,8 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
             MAGRPO's fields, accepted as CoMLRL accepts them; MADPO does not use them (a warning when one is set to
             another value). The same holds for `advantage_normalization` (`True`) and `advantage_mode` (`"mean"`).
         reference_kl_enabled (`False`; `True` raises), reference_kl_coef (`0.1`), reference_devices (`None`):
-            CoMLRL's unused reference-KL fields (see difference 7).
-        use_environment_step (`True`), environment_steps_per_pair (`2`): CoMLRL's W&B x-axis (difference 5).
+            CoMLRL's unused reference-KL fields (difference 7 there).
+        use_environment_step (`True`), environment_steps_per_pair (`2`): CoMLRL's W&B x-axis (difference 5 there).
 
     Settings kept from CoMLRL for its numbers: `optim="adamw_torch"`, `weight_decay=0.01` (on every parameter),
     `lr_scheduler_type="constant"`, `max_grad_norm=0.0` (no clipping), `shuffle_dataset=False`,
@@ -230,19 +202,16 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
             self._generation_batch()
         )
         self.generation_batch_size = None  # TRL derives it from the two above
-        if self.eval_interval > 0:
-            self.eval_strategy, self.eval_steps, self.eval_on_start = "steps", self.eval_interval, True
-        self.per_device_eval_batch_size = self.comlrl_eval_batch_size
-        self.num_generations_eval = 1  # CoMLRL evaluates one completion per item
+        map_evaluation(self)
         spec = self.agent_devices
         if self.parallel_training == "mp":
-            self.agent_devices = _device_list(self.agent_devices, self.num_agents, "agent_devices")
+            self.agent_devices = device_list(self.agent_devices, self.num_agents, "agent_devices")
         else:
             self.agent_devices = None
         self.reference_devices = None  # only read with reference_kl_enabled, which raises
         super().__post_init__()
         if self.parallel_training == "none":
-            _check_accelerate_device("agent_devices", spec, self.device)
+            check_accelerate_device("agent_devices", spec, self.device)
 
     def _generation_batch(self) -> tuple[int, int, int | None]:
         """`(per_device_train_batch_size, steps_per_generation, pair_steps_per_generation)`: a generation batch is
@@ -257,13 +226,11 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
     def _check_comlrl_fields(self) -> None:
         """CoMLRL 1.4.3's own checks of `MADPOConfig` (those of fields the core names otherwise; the core checks the
         rest), raised before anything is mapped."""
-        mode = str(self.collaboration_mode).strip().lower()
-        if mode not in COLLABORATION_MODES:
-            raise ValueError(
-                f"`collaboration_mode` must be 'decentralized' or 'centralized', got {self.collaboration_mode!r}."
-            )
-        self.collaboration_mode = mode
-        if mode == "centralized":  # CoMLRL's checks of the iterative configs' comparator fields, where they exist
+        check_fields(self, "MADPOConfig")
+        check_parallel(self, "agent_devices")
+        if (
+            self.collaboration_mode == "centralized"
+        ):  # CoMLRL's checks of the iterative configs' comparator fields, where they exist
             if getattr(self, "comparator_centralized_agent_index", 0) != 0:
                 raise ValueError(
                     "Centralized collaboration has one actor: `comparator_centralized_agent_index` must be 0, got "
@@ -271,38 +238,6 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
                 )
             if hasattr(self, "comparator_generation_mode"):
                 self.comparator_generation_mode = "centralized"
-        for name, minimum in (
-            ("num_train_epochs", 1),
-            ("num_agents", 1),
-            ("rollout_buffer_size", 1),
-            ("eval_interval", 0),
-            ("eval_num_samples", 0),
-            ("comlrl_eval_batch_size", 1),
-            ("num_turns", 1),
-            ("logging_steps", 1),
-            ("max_new_tokens", 1),
-            ("preference_num_candidates", 2),
-            ("environment_steps_per_pair", 1),
-        ):
-            value = getattr(self, name)
-            if value is not None and value < minimum:
-                raise ValueError(f"`{name.removeprefix('comlrl_')}` must be at least {minimum}, got {value}.")
-        if self.preference_pairs_per_sample is not None and self.preference_pairs_per_sample < 1:
-            raise ValueError(
-                f"`preference_pairs_per_sample` must be at least 1, or None for no limit; got "
-                f"{self.preference_pairs_per_sample}."
-            )
-        if self.comlrl_train_batch_size is not None and self.comlrl_train_batch_size < 1:
-            raise ValueError(f"`train_batch_size` must be at least 1 (or None), got {self.comlrl_train_batch_size}.")
-        parallel = str(self.parallel_training or "none").strip().lower()
-        parallel = "none" if parallel == "null" else parallel
-        if parallel not in PARALLEL_TRAINING:
-            raise ValueError(f"`parallel_training` must be 'none' or 'mp', got {self.parallel_training!r}.")
-        if parallel == "mp" and self.agent_devices is None:
-            raise ValueError("`parallel_training='mp'` needs `agent_devices`: one device per agent (or 'auto').")
-        self.parallel_training = parallel
-        if self.reference_kl_coef < 0:
-            raise ValueError(f"`reference_kl_coef` must be >= 0, got {self.reference_kl_coef}.")
         if self.reference_kl_enabled:
             raise ValueError(
                 "`reference_kl_enabled=True` has no effect on CoMLRL's MADPO loss (it loads reference models and "
@@ -319,10 +254,6 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
                 "counts optimizer steps).",
                 ", ".join(f"`{name}={value!r}`" for name, value in changed.items()),
             )
-
-
-MADPOConfig.train_batch_size = _comlrl_batch_size("train_batch_size")
-MADPOConfig.eval_batch_size = _comlrl_batch_size("eval_batch_size")
 
 
 class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
@@ -385,20 +316,11 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
         self.centralized_collaboration: CentralizedCollaboration | None = None
         self.num_roles = num_agents
         if args.collaboration_mode == "centralized":
-            agents = _one_of("model", kwargs.pop("model", None), "agents", agents)
-            agents, tokenizer = _one_actor(agents, tokenizer, num_agents)
-            reward_func = _one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", reward_func)
-            if not callable(reward_func):
-                raise ValueError(f"`reward_func` must be one callable (the roles' joint reward), got {reward_func!r}.")
-            if num_agents != args.num_agents:
-                raise ValueError(
-                    f"`num_agents={num_agents}` (the number of roles) must equal `args.num_agents={args.num_agents}`."
-                )
-            self.centralized_collaboration = CentralizedCollaboration(adapter, formatters, reward_func, num_agents)
+            self.centralized_collaboration, agents, tokenizer, args = centralized_team(
+                adapter, agents, tokenizer, reward_func, formatters, num_agents, args, kwargs, "MADPO"
+            )
             formatters, reward_func = self.centralized_collaboration.build_prompt, self.centralized_collaboration
-            # The core trains one model: its config says one agent; the user's config keeps the role count.
-            args = copy.copy(args)
-            args.num_agents = num_agents = 1
+            num_agents = 1
         super().__init__(
             agent_model=agent_model,
             agents=agents,
@@ -426,22 +348,6 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
         return super().trajectory_metrics(trajectories)
 
     get_decay_parameter_names = decay_every_parameter  # CoMLRL's AdamW decays every parameter
-
-
-def _one_actor(agents, tokenizer, num_roles: int, algorithm: str = "MADPO"):
-    """Centralized mode's one model and tokenizer, each unwrapped from a list of one (CoMLRL accepts those)."""
-    if isinstance(agents, (list, tuple)):
-        if len(agents) != 1:
-            raise ValueError(
-                f"Centralized {algorithm} trains exactly one actor model (it writes all {num_roles} roles); got "
-                f"{len(agents)} in `agents`."
-            )
-        agents = agents[0]
-    if isinstance(tokenizer, (list, tuple)):
-        if len(tokenizer) != 1:
-            raise ValueError(f"Centralized {algorithm} has one actor model and one tokenizer; got {len(tokenizer)}.")
-        tokenizer = tokenizer[0]
-    return agents, tokenizer
 
 
 __all__ = ["MADPOConfig", "MADPOTrainer"]

@@ -115,3 +115,21 @@ def _greedy(config: GenerationConfig) -> GenerationConfig:
     greedy.do_sample = False
     greedy.temperature = greedy.top_p = greedy.top_k = greedy.min_p = None
     return greedy
+
+
+def role_trajectories(collaboration, trajectories: EvalTrajectories) -> EvalTrajectories:
+    """One writer's evaluation trajectories as the roles' (`[role][row][turn]`, each role with its own prompt), the
+    layout CoMLRL's `eval_logger` receives from a centralized team; the rewards are the joint ones. `collaboration`
+    is a `rewards.centralized.CentralizedCollaboration` (its `num_roles`, `role_prompts` and `split_eval`)."""
+    rows = trajectories.rows
+    role_prompts = [collaboration.role_prompts(row) for row in rows]  # (rows, roles)
+    return EvalTrajectories(
+        collaboration.num_roles,
+        rows=rows,
+        prompts=[
+            [[prompts[r]] * len(turns) for prompts, turns in zip(role_prompts, trajectories.completions[0])]
+            for r in range(collaboration.num_roles)
+        ],
+        completions=collaboration.split_eval(trajectories.completions, rows),
+        rewards=trajectories.rewards,
+    )

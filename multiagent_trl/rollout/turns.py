@@ -256,3 +256,55 @@ def formatted_rows(rows: list[dict], formatter: Callable | None, agent: int) -> 
                 "return the agent's prompt: a string, or a conversation (a list of message dicts)."
             )
     return out
+
+
+def listed_formatters(formatters, num_agents: int) -> list[Callable]:
+    """One formatter for all agents, or one each, as a list of `num_agents`."""
+    listed = list(formatters) if isinstance(formatters, (list, tuple)) else [formatters] * num_agents
+    if len(listed) != num_agents:
+        raise ValueError(f"{len(listed)} formatters were given for {num_agents} agents: one for all, or one each.")
+    return listed
+
+
+def takes_external(formatter: Callable) -> bool:
+    """Whether `formatter` takes `external_prompts=`."""
+    try:
+        return "external_prompts" in inspect.signature(formatter).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def first_turn_formatters(formatters, num_agents: int) -> list[Callable] | None:
+    """Formatters for the first turn: one for all or one per agent; one that takes `external_prompts` is called
+    `f(item, external_prompts=None)` (CoMLRL's actor-critic convention)."""
+    if formatters is None:
+        return None
+    listed = listed_formatters(formatters, num_agents)
+
+    def first_turn(formatter):
+        if not takes_external(formatter):
+            return formatter
+        return lambda item: formatter(item, external_prompts=None)
+
+    return [first_turn(f) for f in listed]
+
+
+@dataclass
+class FormattedTransition(Transition):
+    """Prompts after the first turn, formatted again (CoMLRL's actor-critic convention): what the transition
+    returned, through each agent's formatter (`item_formatters`; `None`: as returned, CoMLRL's
+    `external_prompt_passthrough`) applied to the dataset row with its `prompt` replaced by the returned prompt (the
+    original kept as `_original_prompt`), and passed as `external_prompts=` to a formatter that takes it. (The MAGRPO
+    family calls `formatter(row, external_prompts=)` on the unchanged row.)"""
+
+    item_formatters: Sequence[Callable] | None = None
+
+    def __call__(self, node, sample: list) -> list:
+        prompts = super().__call__(node, sample)
+        if self.item_formatters is None:
+            return prompts
+        out = []
+        for formatter, prompt in zip(self.item_formatters, prompts, strict=True):
+            item = {**node.row, "_original_prompt": node.row.get("prompt", ""), "prompt": prompt}
+            out.append(formatter(item, external_prompts=prompt) if takes_external(formatter) else formatter(item))
+        return out

@@ -1,0 +1,349 @@
+"""What every CoMLRL trainer here does the same way, whatever its family: `train()`'s checkpoint arguments,
+`save_checkpoint`/`load_checkpoint`, `evaluate(num_eval_samples)` in dataset order, CoMLRL's names of the turn
+metrics in `log`, `trainer.verbose`, `wandb_config`, building without a training dataset, and the centralized setup
+(one model writes every role)."""
+
+from __future__ import annotations
+
+import copy
+import numbers
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from datasets import Dataset
+from peft import PeftConfig
+from transformers import TrainerCallback
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
+from trl.trainer.utils import RepeatSampler
+
+from ..rewards.centralized import CentralizedCollaboration
+from ..team.loading import load_agents, load_processing_classes
+from ..team.views import swapped
+
+MODEL_CONFIG_KEYS = ("torch_dtype", "dtype", "attn_implementation", "model_kwargs", "special_tokens", "name")
+WANDB_CONFIG_KEYS = ("project", "entity", "name", "run_name", "dir", "tags", "config_sections", "id", "resume")
+TRAIN_KWARGS = ("trial", "ignore_keys_for_eval")
+
+
+class CoMLRLBehaviour:
+    """Mixin listed before the core trainer among a CoMLRL trainer's bases."""
+
+    pending_checkpoint: str | None = None  # set by `load_checkpoint`: the next `train()` resumes from it
+    # Training logs CoMLRL's `turn_k/reward_mean` beside TRL's `turn_k/reward`; with one turn, these keys are copied
+    # from `reward` (`comlrl_log_modes`: the modes that do it; the actor-critic port logs them in evaluation too).
+    one_turn_keys: tuple[str, ...] = ("turn_1/reward", "turn_1/expected_return")
+    comlrl_log_modes: tuple[str, ...] = ("train",)
+
+    def comlrl_setup(self, args, wandb_config: dict | None, eval_dataset, train_dataset, kwargs: dict):
+        """Before the core's `__init__`: `wandb_config` onto `args` (its callback into `kwargs`), no evaluation
+        without `eval_dataset` (as CoMLRL), and a stand-in for a missing `train_dataset` (TRL refuses none at
+        construction; `comlrl_finish` puts `None` back). Returns the training dataset to build with."""
+        self.wandb_config = wandb_config
+        if wandb_config is not None:
+            callback = apply_wandb_config(args, wandb_config)
+            if callback is not None:
+                kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), callback]
+        if eval_dataset is None:
+            args.eval_strategy, args.eval_on_start = "no", False
+        self._comlrl_stand_in = train_dataset is None
+        return Dataset.from_dict({"prompt": []}) if train_dataset is None else train_dataset
+
+    def comlrl_finish(self) -> None:
+        """After the core's `__init__`: `train_dataset=None` restored, `config_sections.output.verbose` applied."""
+        if self._comlrl_stand_in:
+            self.train_dataset = None
+        sections = (self.wandb_config or {}).get("config_sections") or {}
+        output = sections.get("output") if isinstance(sections, dict) else None
+        if isinstance(output, dict) and "verbose" in output:
+            self.verbose = bool(output["verbose"])
+
+    @property
+    def verbose(self) -> bool:
+        """Progress bars (`True`) or plain log lines (`False`); CoMLRL's `trainer.verbose`."""
+        return not self.args.disable_tqdm
+
+    @verbose.setter
+    def verbose(self, value: bool) -> None:
+        self.args.disable_tqdm = not value
+        old, new = (PrinterCallback, ProgressCallback) if value else (ProgressCallback, PrinterCallback)
+        self.remove_callback(old)
+        if not any(isinstance(cb, new) for cb in self.callback_handler.callbacks):
+            self.add_callback(new)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        if mode in self.comlrl_log_modes:
+            metrics = self._metrics[mode]
+            if self.args.num_turns == 1 and metrics.get("reward"):  # one turn: its reward is the return
+                for key in self.one_turn_keys:
+                    metrics[key] = list(metrics["reward"])
+            for key in [k for k in metrics if k.startswith("turn_") and k.endswith("/reward")]:
+                metrics[f"{key}_mean"] = list(metrics[key])
+        super().log(logs, start_time)
+
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int = 1,
+        checkpoint_total_limit: int | None = None,
+        **kwargs,
+    ):
+        """Train, with CoMLRL's checkpoint arguments mapped onto Trainer's checkpoints.
+
+        Args:
+            resume_from_checkpoint: A `checkpoint-N` folder written by this trainer, or `True` for the latest one in
+                `checkpoint_dir` (or `args.output_dir`). The run continues to `num_train_epochs` in total.
+            checkpoint_dir: Where checkpoints go (`checkpoint_dir/checkpoint-N/`); sets `args.output_dir`.
+            checkpoint_interval: A checkpoint after every this many epochs (and after the last epoch).
+            checkpoint_total_limit: Keep at most this many checkpoints (Trainer's `save_total_limit`).
+            **kwargs: `transformers.Trainer.train`'s own (`trial`, `ignore_keys_for_eval`).
+        """
+        if self.train_dataset is None:
+            raise ValueError(
+                "Training requires a dataset, and this trainer was built without one (as CoMLRL allows, to "
+                "evaluate). Training needs a `train_dataset`: pass `train_dataset=` to the trainer."
+            )
+        for name, value, optional in (
+            ("checkpoint_interval", checkpoint_interval, False),
+            ("checkpoint_total_limit", checkpoint_total_limit, True),
+        ):
+            if optional and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                allowed = "a positive integer or None" if optional else "a positive integer (epochs)"
+                raise ValueError(f"`{name}` must be {allowed}, got {value!r}.")
+        unknown = set(kwargs) - set(TRAIN_KWARGS)
+        if unknown:
+            raise TypeError(
+                f"train() got {sorted(unknown)}: CoMLRL passed these to generation; here generation settings are "
+                "config fields (`temperature`, `top_p`, `top_k`, `generation_kwargs={...}`)."
+            )
+        if checkpoint_dir is not None or checkpoint_interval != 1 or checkpoint_total_limit is not None:
+            if checkpoint_dir is not None:
+                self.args.output_dir = checkpoint_dir
+            self.args.save_strategy = SaveStrategy.NO  # the callback decides, per epoch
+            self.args.save_total_limit = checkpoint_total_limit
+            self.callback_handler.callbacks = [
+                cb for cb in self.callback_handler.callbacks if not isinstance(cb, CheckpointEveryEpochs)
+            ]
+            self.add_callback(CheckpointEveryEpochs(checkpoint_interval))
+        if resume_from_checkpoint is None:  # `load_checkpoint` asked for this one
+            resume_from_checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def save_checkpoint(self, output_dir: str) -> str:
+        """CoMLRL's snapshot between training runs: the team (and critics), the optimizer and scheduler once training
+        has built them, the RNG states and the trainer state, in Trainer's checkpoint format, written under another
+        name and renamed when complete. `load_checkpoint(output_dir)` or `train(resume_from_checkpoint=output_dir)`
+        continue from it. Refuses to replace a folder that is not a checkpoint, as CoMLRL does. Returns the folder."""
+        target = os.path.abspath(os.path.expanduser(output_dir))
+        if os.path.islink(target) or (
+            os.path.exists(target) and not os.path.isfile(os.path.join(target, TRAINER_STATE_NAME))
+        ):
+            raise FileExistsError(f"Refusing to replace a folder that is not a checkpoint: {target}")
+        parent = os.path.dirname(target)
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-", dir=parent)
+        try:
+            # Trainer's own checkpoint (`checkpoint-N/` under the staging folder); weights only before training.
+            with swapped(self.args, output_dir=staging, save_only_model=self.optimizer is None, save_total_limit=None):
+                self._save_checkpoint(self.model, trial=None)
+            written = os.path.join(staging, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            if os.path.exists(target):
+                shutil.rmtree(target)
+            os.replace(written, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+    def load_checkpoint(self, checkpoint: str) -> dict[str, float]:
+        """Load what `save_checkpoint` (or a `checkpoint-N/` of `train`) wrote: the weights now, and the optimizer,
+        scheduler and loop position when `train()` next runs (as `train(resume_from_checkpoint=checkpoint)`).
+        Returns the saved progress, `{"global_step", "epoch"}`."""
+        state_file = os.path.join(checkpoint, TRAINER_STATE_NAME)
+        if not os.path.isfile(state_file):
+            raise FileNotFoundError(f"{checkpoint} is not a checkpoint: it has no {TRAINER_STATE_NAME}.")
+        self._load_from_checkpoint(checkpoint)
+        self.pending_checkpoint = checkpoint
+        state = TrainerState.load_from_json(state_file)
+        return {"global_step": state.global_step, "epoch": state.epoch}
+
+    def evaluate(self, num_eval_samples: int | None = None, eval_dataset=None, ignore_keys=None, **kwargs):
+        """Evaluate `num_eval_samples` rows (default `args.eval_num_samples`; the first rows of the evaluation
+        dataset), one trajectory each through all turns, as CoMLRL does. Returns the metrics, keyed `eval_...`:
+        TRL's, `eval_turn_k/reward_mean`, `eval_turn_k/expected_return` and the family's own (`eval_aggregator`'s,
+        `metrics_callback`'s); `{}` without an evaluation dataset."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            return {}
+        count = self.args.eval_num_samples if num_eval_samples is None else int(num_eval_samples)
+        if hasattr(dataset, "select"):  # CoMLRL evaluates at least one row
+            dataset = dataset.select(range(min(max(count, 1), len(dataset))))
+        return super().evaluate(eval_dataset=dataset, ignore_keys=ignore_keys, **kwargs)
+
+    def _get_eval_sampler(self, eval_dataset):
+        # CoMLRL evaluates the rows in dataset order (its logger's lists follow it); TRL's sampler shuffles them.
+        return RepeatSampler(eval_dataset, mini_repeat_count=self.num_generations_eval, shuffle=False)
+
+
+def decay_every_parameter(trainer, model) -> list[str]:
+    """`Trainer.get_decay_parameter_names` as CoMLRL's AdamW has it: every parameter decays (Trainer exempts biases
+    and norms)."""
+    return [name for name, _ in model.named_parameters()]
+
+
+def one_of(name: str, value, alias: str, alias_value):
+    """The argument given under its TRL `name` or its CoMLRL `alias`; both given raise."""
+    if value is not None and alias_value is not None:
+        raise ValueError(f"Pass either `{name}` or its CoMLRL name `{alias}`, not both.")
+    return value if value is not None else alias_value
+
+
+def one_actor(agents, tokenizer, num_roles: int, algorithm: str = "MADPO"):
+    """Centralized mode's one model and tokenizer, each unwrapped from a list of one (CoMLRL accepts those)."""
+    if isinstance(agents, (list, tuple)):
+        if len(agents) != 1:
+            raise ValueError(
+                f"Centralized {algorithm} trains exactly one actor model (it writes all {num_roles} roles); got "
+                f"{len(agents)} in `agents`."
+            )
+        agents = agents[0]
+    if isinstance(tokenizer, (list, tuple)):
+        if len(tokenizer) != 1:
+            raise ValueError(f"Centralized {algorithm} has one actor model and one tokenizer; got {len(tokenizer)}.")
+        tokenizer = tokenizer[0]
+    return agents, tokenizer
+
+
+def centralized_team(adapter, agents, tokenizer, reward_func, formatters, num_roles: int, args, kwargs: dict, algo):
+    """CoMLRL's centralized setup, shared by its centralized trainers: one model (and tokenizer) from `agents`
+    (`model=` in `kwargs` too), the roles' joint reward, and the core's copy of `args` with one agent (the user's
+    keeps the role count). Returns `(collaboration, agent, tokenizer, core_args)`."""
+    if num_roles != args.num_agents:
+        raise ValueError(
+            f"`num_agents={num_roles}` (the number of roles) must equal `args.num_agents={args.num_agents}`."
+        )
+    agents = one_of("model", kwargs.pop("model", None), "agents", agents)
+    agents, tokenizer = one_actor(agents, tokenizer, num_roles, algo)
+    reward_func = one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", reward_func)
+    if not callable(reward_func):
+        raise ValueError(f"`reward_func` must be one callable (the roles' joint reward), got {reward_func!r}.")
+    core_args = copy.copy(args)
+    core_args.num_agents = 1
+    return CentralizedCollaboration(adapter, formatters, reward_func, num_roles), agents, tokenizer, core_args
+
+
+def agent_sources(agent_model, agents, num_agents: int):
+    """CoMLRL's `agent_model` / `agents` / `num_agents`, as the core's `model`."""
+    if agent_model is None:
+        return list(agents) if isinstance(agents, (list, tuple)) else agents
+    if not isinstance(agent_model, (str, os.PathLike)):
+        raise ValueError("`agent_model` must be a model id or path (N homogeneous agents); pass models as `agents=`.")
+    if num_agents < 1:
+        raise ValueError(f"`num_agents` must be at least 1, got {num_agents}.")
+    if agents is None:
+        return str(agent_model)
+    if not isinstance(agents, (list, tuple)) or len(agents) != num_agents:
+        raise ValueError(f"`agents` must be a list of `num_agents` ({num_agents}) models when `agent_model` is given.")
+    if any(a != agent_model for a in agents):
+        raise ValueError(f"`agent_model` and `agents` conflict: {agent_model!r} != {list(agents)!r}; pass one.")
+    return list(agents)
+
+
+def apply_model_config(model, processing_class, model_config, args, kwargs: dict):
+    """CoMLRL's `model_config`: loading kwargs for agents given by name, and special tokens for every tokenizer
+    (with each agent's embeddings resized to its tokenizer)."""
+    config = dict(model_config or {})
+    unknown = set(config) - set(MODEL_CONFIG_KEYS)
+    if unknown:
+        raise ValueError(
+            f"`model_config` has {sorted(unknown)}, which no step here reads. Accepted: {list(MODEL_CONFIG_KEYS)}; "
+            "put other `from_pretrained` arguments under `model_config['model_kwargs']`."
+        )
+    init_kwargs = dict(args.model_init_kwargs or {})
+    nested = config.get("model_kwargs") or {}
+    if not isinstance(nested, dict):
+        raise ValueError(f"`model_config['model_kwargs']` must be a dict, got {type(nested).__name__}.")
+    init_kwargs.update({k: v for k, v in nested.items() if k not in ("torch_dtype", "dtype")})
+    dtype = nested.get("torch_dtype") or nested.get("dtype") or config.get("torch_dtype") or config.get("dtype")
+    if dtype is not None:
+        init_kwargs["dtype"] = dtype
+    if "attn_implementation" in config:
+        init_kwargs.setdefault("attn_implementation", config["attn_implementation"])
+    args.model_init_kwargs = init_kwargs or None
+    special_tokens = config.get("special_tokens") or {}
+    if not special_tokens:
+        return model, processing_class
+    # Special tokens change the vocabulary: load the agents and tokenizers here, add the tokens, resize embeddings.
+    shared_base = isinstance(kwargs.get("peft_config"), PeftConfig) and isinstance(model, (str, os.PathLike))
+    models = load_agents(model, args, kwargs.get("quantization_config"), copies=not shared_base)
+    tokenizers = load_processing_classes(processing_class, models, args)
+    for tok in {id(t): t for t in tokenizers}.values():
+        tok.add_special_tokens(special_tokens)
+    for agent, tok in zip(models, tokenizers, strict=True):
+        if agent.get_input_embeddings().num_embeddings < len(tok):
+            agent.resize_token_embeddings(len(tok))
+    if shared_base:
+        return models[0], tokenizers[0]
+    return models, tokenizers if len({id(t) for t in tokenizers}) > 1 else tokenizers[0]
+
+
+class CheckpointEveryEpochs(TrainerCallback):
+    """CoMLRL's `train(checkpoint_interval=k)`: a checkpoint after every k-th epoch and after the last one."""
+
+    def __init__(self, interval: int):
+        self.interval = interval
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        epoch = round(state.epoch or 0)
+        if epoch % self.interval == 0 or state.global_step >= state.max_steps:
+            control.should_save = True
+        return control
+
+
+class WandbSections(TrainerCallback):
+    """Record CoMLRL's `wandb_config["config_sections"]` (and the CoMLRL run summary) in the wandb run's config."""
+
+    def __init__(self, sections: dict[str, Any]):
+        self.sections = sections
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import wandb  # only with report_to="wandb", which installs it
+
+        if wandb.run is not None and state.is_world_process_zero:
+            wandb.run.config.update(self.sections, allow_val_change=True)
+
+
+def apply_wandb_config(args, wandb_config: dict[str, Any]) -> TrainerCallback | None:
+    """CoMLRL's `wandb_config` onto `report_to="wandb"` and wandb's environment variables; a callback that records
+    `config_sections` in the run's config."""
+    if not isinstance(wandb_config, dict):
+        raise TypeError(f"`wandb_config` must be a dict, got {type(wandb_config).__name__}.")
+    unknown = set(wandb_config) - set(WANDB_CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"`wandb_config` has {sorted(unknown)}; accepted keys: {list(WANDB_CONFIG_KEYS)}.")
+    env = {"project": "WANDB_PROJECT", "entity": "WANDB_ENTITY", "dir": "WANDB_DIR", "id": "WANDB_RUN_ID"}
+    for key, name in env.items():
+        if wandb_config.get(key):
+            os.environ[name] = str(wandb_config[key])
+    if wandb_config.get("dir"):
+        os.makedirs(wandb_config["dir"], exist_ok=True)
+    if wandb_config.get("resume"):
+        os.environ["WANDB_RESUME"] = "allow" if wandb_config["resume"] is True else str(wandb_config["resume"])
+    if wandb_config.get("tags"):
+        os.environ["WANDB_TAGS"] = ",".join(wandb_config["tags"])
+    name = wandb_config.get("name") or wandb_config.get("run_name")
+    if name:
+        args.run_name = name
+    args.report_to = ["wandb"]
+    sections = wandb_config.get("config_sections")
+    if sections is None:
+        return None
+    if not isinstance(sections, dict):
+        raise TypeError(f"`wandb_config['config_sections']` must be a dict, got {type(sections).__name__}.")
+    return WandbSections(dict(sections))

@@ -1,0 +1,197 @@
+"""CoMLRL's config fields as one table: each field's native counterpart and its limit. The configs check their limits
+from it (`check_fields`), and `docs/comlrl-users.md`'s field tables are generated from it with the defaults read off
+the config classes (`python docs/comlrl_fields.py` rewrites them; `tests/test_docs.py` checks them). Also
+the config pieces every CoMLRL config shares: CoMLRL's optimization defaults, its device lists and batch-size names."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from transformers import TrainingArguments
+
+
+class Field(NamedTuple):
+    """One row: CoMLRL's name, what it becomes here, and what it accepts (`minimum` and `choices` are checked)."""
+
+    name: str
+    native: str
+    minimum: float | None = None  # an int reads "at least", a float ">="
+    choices: tuple[str, ...] = ()
+
+
+SHARED = (
+    Field("agent_learning_rate", "`learning_rate`"),
+    Field("max_new_tokens", "`max_completion_length`", 1),
+    Field("num_agents", "same", 1),
+    Field("num_turns", "same", 1),
+    Field("logging_steps", "same (optimizer steps)", 1),
+    Field("temperature", "same"),
+    Field("top_p", "same"),
+    Field("top_k", "same; `None` -> 0 (no top-k filtering)"),
+    Field("rollout_buffer_size", "a generation batch (`steps_per_generation` x `per_device_train_batch_size`)", 1),
+    Field("train_batch_size", "rows per optimizer step (None: `rollout_buffer_size`); `comlrl_train_batch_size`", 1),
+    Field("eval_interval", "`eval_strategy='steps'`, `eval_steps`, `eval_on_start`; 0 disables", 0),
+    Field("eval_num_samples", "the first rows of `eval_dataset`, one completion each", 0),
+    Field("eval_batch_size", "`per_device_eval_batch_size`; `comlrl_eval_batch_size`", 1),
+    Field("parallel_training", "`none`: Accelerate's placement; `mp`: `agent_devices`", None, ("none", "mp")),
+    Field("agent_devices", "with `mp`: `agent_devices` (one, one per agent, or `auto`)"),
+)
+GRPO_ONLY = (
+    Field("num_train_epochs", "same", 1),
+    Field("num_generations", "same (G)", 2),
+    Field("discount", "unused, as in CoMLRL 1.4.3 (kept in `comlrl_discount`; returns undiscounted)"),
+    Field("early_termination_threshold", "same (a node above it has no children)"),
+    Field("advantage_normalization", "`scale_rewards='group'` or `'none'`"),
+    Field("advantage_mode", "`advantage_baseline`", None, ("mean", "raw", "max", "rloo")),
+    Field("reference_kl_enabled", "`beta = reference_kl_coef` when enabled"),
+    Field("reference_kl_coef", "`beta`", 0.0),
+    Field("reference_devices", "with `mp`: the reference models' devices"),
+)
+ACTOR_CRITIC = (
+    Field("num_generations", "same", 1),
+    Field("critic_learning_rate", "same (None: `agent_learning_rate`)"),
+    Field("value_loss_coef", "same"),
+    Field("advantage_normalization", "same (over each agent's buffer)"),
+    Field("critic_type", "same: `v` or `q`"),
+    Field("discount", "same (bootstrap discount)"),
+    Field("early_termination_threshold", "same"),
+    Field("critic_devices", "with `mp`: the critics' devices"),
+    Field("use_separate_critic", "IAC: `critic_kind='model'` (True) or `'head'` (False)"),
+    Field("value_clip_range", "IAC: clips a head on the agent only (`comlrl_value_clip_range`)"),
+    Field("critic_value_head_hidden_dim", "IAC: the separate critics' head width (a positive width)"),
+    Field("value_head_hidden_dim", "IAC: the heads' width on the agents (a positive width)"),
+    Field("reference_kl_enabled", "`True` raises (use `beta`)"),
+    Field("reference_kl_coef", "unused", 0.0),
+)
+MADPO = (
+    Field("num_train_epochs", "passes over the dataset, each drawing new pairs", 1),
+    Field(
+        "collaboration_mode", "same; `centralized`: one model writes all roles", None, ("decentralized", "centralized")
+    ),
+    Field("preference_num_candidates", "`num_generations` (K)", 2),
+    Field("preference_pairs_per_sample", "same (None: no limit)", 1),
+    Field("pair_selection", "same"),
+    Field("dpo_beta", "same"),
+    Field("environment_steps_per_pair", "unused (CoMLRL's W&B x-axis)", 1),
+    Field("reference_kl_enabled", "`True` raises (`reference_free=False` is a reference)"),
+    Field("reference_kl_coef", "unused", 0.0),
+)
+FAMILIES = {"MAGRPOConfig": SHARED + GRPO_ONLY, "IACConfig": SHARED + ACTOR_CRITIC, "MADPOConfig": SHARED + MADPO}
+STORED_AS = {"train_batch_size": "comlrl_train_batch_size", "eval_batch_size": "comlrl_eval_batch_size"}
+
+
+def check_fields(config, family: str) -> None:
+    """CoMLRL 1.4.3's limits of `family`'s fields (the table's `minimum` and `choices`), raised naming the field
+    before anything is mapped; a choice is read case-insensitively and stored lower-cased (`"null"` is `"none"`)."""
+    for row in FAMILIES[family]:
+        attribute = STORED_AS.get(row.name, row.name)
+        value = getattr(config, attribute, None)
+        if row.choices:
+            value = "none" if value in (None, "null") and "none" in row.choices else str(value).strip().lower()
+            if value not in row.choices:
+                two = len(row.choices) == 2
+                allowed = " or ".join(map(repr, row.choices)) if two else f"one of {list(row.choices)}"
+                raise ValueError(f"`{row.name}` must be {allowed}, got {getattr(config, attribute)!r}.")
+            setattr(config, attribute, value)
+        elif row.minimum is not None and value is not None and value < row.minimum:
+            bound = f">= {row.minimum:g}" if isinstance(row.minimum, float) else f"at least {row.minimum}"
+            raise ValueError(f"`{row.name}` must be {bound}, got {value}.")
+
+
+def fields_table(config: type) -> str:
+    """The rows of `config`'s family (`FAMILIES[config.__name__]`) as a markdown table, with `config`'s defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    lines = ["| CoMLRL field | default | here | limit |", "| --- | --- | --- | --- |"]
+    for row in FAMILIES[config.__name__]:
+        limit = " / ".join(f"`{c}`" for c in row.choices) or ("" if row.minimum is None else f">= {row.minimum:g}")
+        lines.append(f"| `{row.name}` | `{defaults[row.name]!r}` | {row.native} | {limit} |")
+    return "\n".join(lines)
+
+
+MARKER = re.compile(r"(<!-- fields: (\w+) -->\n)(?:.*?\n)??(<!-- /fields -->)", re.S)
+
+
+def render_docs(text: str, configs: dict[str, type]) -> str:
+    """`text` with every `<!-- fields: Name -->` ... `<!-- /fields -->` block regenerated from `configs[Name]`."""
+    return MARKER.sub(lambda m: m.group(1) + fields_table(configs[m.group(2)]) + "\n" + m.group(3), text)
+
+
+# ---------------------------------------------------------------------------------------------------- shared config
+
+
+@dataclass
+class CoMLRLOptimization:
+    """The training settings of CoMLRL's actor-critic and preference trainers, as config fields with CoMLRL's values:
+    torch's AdamW with weight decay 0.01 (on every parameter: `decay_every_parameter`), a constant learning rate, no
+    gradient clipping, the dataset in order, activations kept, checkpoints only when `train()` asks for them. Listed
+    before the core config among a config's bases, so that these defaults win."""
+
+    save_strategy: str = field(default="no", metadata={"help": "Checkpoints (CoMLRL: asked for in train())."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations (CoMLRL: no)."})
+    optim: str = field(default="adamw_torch", metadata={"help": "Optimizer (CoMLRL: torch.optim.AdamW)."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (torch's default, CoMLRL's)."})
+    lr_scheduler_type: str = field(default="constant", metadata={"help": "Learning-rate schedule (CoMLRL: none)."})
+    max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping; 0 disables it (CoMLRL: none)."})
+    shuffle_dataset: bool = field(default=False, metadata={"help": "Shuffle the dataset (CoMLRL: dataset order)."})
+
+
+def check_parallel(config, *device_fields: str) -> None:
+    """`parallel_training="mp"` needs each of `device_fields` (one device per agent, or 'auto')."""
+    for name in device_fields if config.parallel_training == "mp" else ():
+        if getattr(config, name) is None:
+            raise ValueError(f"`parallel_training='mp'` needs `{name}`: one device per agent (or 'auto').")
+
+
+def map_evaluation(config) -> None:
+    """CoMLRL's `eval_interval`/`eval_batch_size` onto Trainer's: before training and every `eval_interval` optimizer
+    steps, one completion per evaluated row."""
+    if config.eval_interval > 0:
+        config.eval_strategy, config.eval_steps, config.eval_on_start = "steps", config.eval_interval, True
+    config.per_device_eval_batch_size = config.comlrl_eval_batch_size
+    config.num_generations_eval = 1
+
+
+def device_list(spec, num_agents: int, name: str) -> list[str]:
+    """CoMLRL's device specification (one device, a list of one or `num_agents`, or `"auto"`) as one per agent."""
+    if spec is None or (isinstance(spec, str) and spec.lower() == "auto"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            return ["cpu"] * num_agents
+        return [f"cuda:{i}" for i in range(num_agents)] if count >= num_agents else ["cuda:0"] * num_agents
+    if isinstance(spec, str):
+        return [spec] * num_agents
+    if isinstance(spec, Sequence) and len(spec) in (1, num_agents):
+        return [str(s) for s in spec] * (num_agents if len(spec) == 1 else 1)
+    raise ValueError(f"`{name}` must be one device, 'auto', or a list of 1 or {num_agents} devices; got {spec!r}.")
+
+
+def check_accelerate_device(name: str, spec, device: torch.device) -> None:
+    """With `parallel_training="none"` a CoMLRL device field may only name the device Accelerate uses anyway."""
+    if spec is None or (isinstance(spec, str) and spec.lower() == "auto"):
+        return
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    if any(torch.device(s) != device for s in specs):
+        raise ValueError(
+            f"`{name}={spec!r}` with `parallel_training='none'`: here Accelerate places every agent on the process's "
+            f"device ({device}). Set `parallel_training='mp'` to put each agent on its own device, or choose the "
+            "device with CUDA_VISIBLE_DEVICES / `accelerate launch`."
+        )
+
+
+def comlrl_batch_sizes(config_cls: type) -> type:
+    """CoMLRL's `train_batch_size` and `eval_batch_size` are dataclass fields, but `TrainingArguments` reads the same
+    names as properties (the batch sizes Trainer loads). The properties keep Trainer's meaning when read; assigning
+    them (the dataclass `__init__` does) stores CoMLRL's value under `comlrl_<name>`. Returns `config_cls`."""
+    for name in STORED_AS:
+        trainer_property = getattr(TrainingArguments, name)
+
+        def setter(self, value, name=name):
+            self.__dict__[f"comlrl_{name}"] = value
+
+        setattr(config_cls, name, property(trainer_property.fget, setter, doc=f"Trainer's; CoMLRL's: comlrl_{name}."))
+    return config_cls
