@@ -1,6 +1,9 @@
 """CoMLRL compatibility for MARLHF: `MARLHFConfig`/`MARLHFTrainer` with CoMLRL 1.4.3's names, arguments, defaults
 and checks. A joint reward model is learned from preference pairs ranked by the task reward, then the team is trained
-online (MAGRPO's port) on the reward model's scores.
+online (MAGRPO's port) on the reward model's scores. The reward-model stage (pairs, training, the online scoring,
+saving in checkpoints and restoring on resume) is the native `MultiAgentRLHFTrainer`'s
+(`preference.rlhf.RewardModelStage`, with its field checks `check_reward_model_fields`); this module maps CoMLRL's
+fields and arguments onto it and runs the actor-critic back-ends.
 
 A CoMLRL MARLHF script runs with only its import line changed:
 
@@ -101,9 +104,8 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from ..actor_critic.config import check_hidden_dim
 from ..actor_critic.trainer import check_critic_vocabulary
 from ..actor_critic.value_model import model_config_of
-from ..preference.pairs import PAIR_SELECTIONS
 from ..preference.reward_model import JointRewardModel
-from ..preference.rlhf import RewardModelStage
+from ..preference.rlhf import RewardModelStage, check_reward_model_fields
 from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
 from ..rollout.evaluation import EvalTrajectories
 from .actor_critic import CRITIC_MODEL_CONFIG_KEYS, IACConfig, IACTrainer, MAACConfig, MAACTrainer
@@ -354,11 +356,8 @@ class MARLHFConfig(MAGRPOConfig):
                     f"`rl_algorithm` of that mode ({ {v: k for k, v in RL_ALGORITHMS.items()}.get(given, 'none')!r})."
                 )
             self.advantage_mode = mode
+        check_reward_model_fields(self)  # the reward-model and pair fields, as the native config's
         for name, ok, rule in (
-            ("reward_learning_rate", self.reward_learning_rate > 0, "> 0"),
-            ("reward_num_train_epochs", self.reward_num_train_epochs >= 1, ">= 1"),
-            ("reward_train_batch_size", self.reward_train_batch_size >= 1, ">= 1"),
-            ("reward_max_length", self.reward_max_length is None or self.reward_max_length >= 1, ">= 1 or None"),
             (
                 "critic_learning_rate",
                 self.critic_learning_rate is None or self.critic_learning_rate > 0,
@@ -366,12 +365,6 @@ class MARLHFConfig(MAGRPOConfig):
             ),
             ("value_loss_coef", self.value_loss_coef > 0, "> 0"),
             ("value_clip_range", self.value_clip_range is None or self.value_clip_range > 0, "> 0 or None"),
-            ("preference_num_candidates", self.preference_num_candidates >= 2, ">= 2"),
-            (
-                "preference_pairs_per_sample",
-                self.preference_pairs_per_sample is None or self.preference_pairs_per_sample >= 1,
-                ">= 1 or None",
-            ),
             ("dpo_beta", self.dpo_beta > 0, "> 0"),
             ("environment_steps_per_pair", self.environment_steps_per_pair >= 1, ">= 1"),
         ):
@@ -380,21 +373,6 @@ class MARLHFConfig(MAGRPOConfig):
         self.critic_type = str(self.critic_type or "v").strip().lower()
         if self.critic_type not in ("v", "q"):
             raise ValueError(f"`critic_type` must be 'v' or 'q', got {self.critic_type!r}.")
-        if self.reward_model_device is not None:
-            self.reward_model_device = str(self.reward_model_device)
-            try:
-                torch.device(self.reward_model_device)
-            except (RuntimeError, ValueError) as error:
-                raise ValueError(
-                    f"`reward_model_device={self.reward_model_device!r}` is not a device ({error}): give one such as "
-                    "'cuda:0' or 'cpu', or None for the team's device."
-                ) from error
-        selection = str(self.pair_selection).strip().lower()
-        if selection not in PAIR_SELECTIONS:
-            raise ValueError(f"`pair_selection` must be one of {list(PAIR_SELECTIONS)}, got {self.pair_selection!r}.")
-        if selection == "all" and self.preference_pairs_per_sample is not None:
-            raise ValueError("`pair_selection='all'` keeps every pair: set `preference_pairs_per_sample=None`.")
-        self.pair_selection = selection
         collaboration = str(self.collaboration_mode).strip().lower()
         if collaboration not in ("decentralized", "centralized"):
             raise ValueError(
