@@ -1,6 +1,9 @@
 """CoMLRL compatibility for MARLHF: `MARLHFConfig`/`MARLHFTrainer` with CoMLRL 1.4.3's names, arguments, defaults
 and checks. A joint reward model is learned from preference pairs ranked by the task reward, then the team is trained
-online (MAGRPO's port) on the reward model's scores.
+online (MAGRPO's port) on the reward model's scores. The reward-model stage (pairs, training, the online scoring,
+saving in checkpoints and restoring on resume) is the native `MultiAgentRLHFTrainer`'s
+(`preference.rlhf.RewardModelStage`, with its field checks `check_reward_model_fields`); this module maps CoMLRL's
+fields and arguments onto it and runs the actor-critic back-ends.
 
 A CoMLRL MARLHF script runs with only its import line changed:
 
@@ -97,17 +100,13 @@ from typing import Any
 
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.trainer_utils import get_last_checkpoint
 
 from ..actor_critic.config import check_hidden_dim
 from ..actor_critic.trainer import check_critic_vocabulary
 from ..actor_critic.value_model import model_config_of
-from ..preference.pairs import PAIR_SELECTIONS
 from ..preference.reward_model import JointRewardModel
-from ..preference.reward_training import summarize, train_reward_model
-from ..preference.sampling import collect_preference_pairs
+from ..preference.rlhf import RewardModelStage, check_reward_model_fields
 from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
-from ..rewards.joint import bind_joint_scorer
 from ..rollout.evaluation import EvalTrajectories
 from .actor_critic import CRITIC_MODEL_CONFIG_KEYS, IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .centralized import role_trajectories
@@ -357,11 +356,8 @@ class MARLHFConfig(MAGRPOConfig):
                     f"`rl_algorithm` of that mode ({ {v: k for k, v in RL_ALGORITHMS.items()}.get(given, 'none')!r})."
                 )
             self.advantage_mode = mode
+        check_reward_model_fields(self)  # the reward-model and pair fields, as the native config's
         for name, ok, rule in (
-            ("reward_learning_rate", self.reward_learning_rate > 0, "> 0"),
-            ("reward_num_train_epochs", self.reward_num_train_epochs >= 1, ">= 1"),
-            ("reward_train_batch_size", self.reward_train_batch_size >= 1, ">= 1"),
-            ("reward_max_length", self.reward_max_length is None or self.reward_max_length >= 1, ">= 1 or None"),
             (
                 "critic_learning_rate",
                 self.critic_learning_rate is None or self.critic_learning_rate > 0,
@@ -369,12 +365,6 @@ class MARLHFConfig(MAGRPOConfig):
             ),
             ("value_loss_coef", self.value_loss_coef > 0, "> 0"),
             ("value_clip_range", self.value_clip_range is None or self.value_clip_range > 0, "> 0 or None"),
-            ("preference_num_candidates", self.preference_num_candidates >= 2, ">= 2"),
-            (
-                "preference_pairs_per_sample",
-                self.preference_pairs_per_sample is None or self.preference_pairs_per_sample >= 1,
-                ">= 1 or None",
-            ),
             ("dpo_beta", self.dpo_beta > 0, "> 0"),
             ("environment_steps_per_pair", self.environment_steps_per_pair >= 1, ">= 1"),
         ):
@@ -383,21 +373,6 @@ class MARLHFConfig(MAGRPOConfig):
         self.critic_type = str(self.critic_type or "v").strip().lower()
         if self.critic_type not in ("v", "q"):
             raise ValueError(f"`critic_type` must be 'v' or 'q', got {self.critic_type!r}.")
-        if self.reward_model_device is not None:
-            self.reward_model_device = str(self.reward_model_device)
-            try:
-                torch.device(self.reward_model_device)
-            except (RuntimeError, ValueError) as error:
-                raise ValueError(
-                    f"`reward_model_device={self.reward_model_device!r}` is not a device ({error}): give one such as "
-                    "'cuda:0' or 'cpu', or None for the team's device."
-                ) from error
-        selection = str(self.pair_selection).strip().lower()
-        if selection not in PAIR_SELECTIONS:
-            raise ValueError(f"`pair_selection` must be one of {list(PAIR_SELECTIONS)}, got {self.pair_selection!r}.")
-        if selection == "all" and self.preference_pairs_per_sample is not None:
-            raise ValueError("`pair_selection='all'` keeps every pair: set `preference_pairs_per_sample=None`.")
-        self.pair_selection = selection
         collaboration = str(self.collaboration_mode).strip().lower()
         if collaboration not in ("decentralized", "centralized"):
             raise ValueError(
@@ -478,7 +453,7 @@ class MARLHFConfig(MAGRPOConfig):
         return {name: getattr(self, name) for name in SHARED_TRL_FIELDS if name in names}
 
 
-class MARLHFTrainer(MAGRPOTrainer):
+class MARLHFTrainer(RewardModelStage, MAGRPOTrainer):
     """Multi-agent RLHF with CoMLRL 1.4.3's `MARLHFTrainer` arguments: pairs from the task reward, a joint reward
     model trained on them, then MAGRPO's port trained online on the reward model's scores (see the module
     docstring for the steps and the differences from CoMLRL).
@@ -563,10 +538,6 @@ class MARLHFTrainer(MAGRPOTrainer):
             # The host trains one model: its config says one agent; the user's config keeps the role count.
             args = copy.copy(args)
             args.num_agents = num_agents = 1
-        if reward_model is not None and not isinstance(reward_model, JointRewardModel):
-            raise TypeError(
-                f"`reward_model` must be a multiagent_trl JointRewardModel, got {type(reward_model).__name__}."
-            )
         model_config = dict(model_config) if model_config is not None else None
         critic_config = {}  # CoMLRL's critic loading keys, read by the actor-critic back-ends only
         if model_config is not None and args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
@@ -590,20 +561,7 @@ class MARLHFTrainer(MAGRPOTrainer):
             args=args,
             **kwargs,
         )
-        self.reward_device = self._reward_device(args.reward_model_device)
-        if reward_model is None:
-            reward_model = self._load_reward_model()
-        else:
-            if args.reward_freeze_backbone:
-                reward_model.backbone.requires_grad_(False)
-            if args.reward_max_length is not None:
-                reward_model.max_length = args.reward_max_length
-            if reward_model.tokenizer is None:
-                raise ValueError("`reward_model` has no tokenizer: build it with one to score joint texts.")
-        self.reward_model = reward_model.to(self.reward_device)
-        self.preference_pairs: list = []
-        self.reward_model_history: list[dict[str, float]] = []
-        self._online_reward: Callable | None = None  # the reward model as the training reward, once trained
+        self.setup_reward_model(reward_model, None, self.model_name)
         # The actor-critic back-ends: what the online trainer is built from, each online phase.
         self.metrics_callback = metrics_callback
         self.critic_model_source, self.critic_sources = critic_model, critics  # CoMLRL's attribute names
@@ -684,103 +642,6 @@ class MARLHFTrainer(MAGRPOTrainer):
                 tokenizer, embeddings = vocabularies[str(source)]
                 check_critic_vocabulary(k, source, tokenizer, embeddings, self._agent_views[k]["processing_class"])
 
-    # ------------------------------------------------------------------ the reward model
-
-    def _reward_device(self, spec: str | None) -> torch.device:
-        """CoMLRL's `reward_model_device`; `None`, or CUDA where there is none, is the team's device."""
-        team = self.accelerator.device
-        if spec is None:
-            return team
-        device = torch.device(spec)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            logger.warning(
-                "MARLHF: `reward_model_device=%r` but CUDA is not available; the reward model goes on the team's "
-                "device (%s).",
-                spec,
-                team,
-            )
-            return team
-        if self.accelerator.num_processes > 1 and device != team:
-            logger.warning(
-                "MARLHF: with %d processes each keeps its own reward model on its own device (%s), not on %r.",
-                self.accelerator.num_processes,
-                team,
-                spec,
-            )
-            return team
-        return device
-
-    def _load_reward_model(self) -> JointRewardModel:
-        """CoMLRL's reward model: `reward_model_name` (or the agents' model) with a new scalar head."""
-        args = self.args
-        source = args.reward_model_name or self.model_name
-        if not isinstance(source, (str, os.PathLike)) or not source:
-            raise ValueError(
-                "MARLHF needs the reward model's causal LM: set `reward_model_name` (a model id or path) when the "
-                "agents are given as model objects."
-            )
-        kwargs = dict(args.model_init_kwargs or {})
-        kwargs.pop("device_map", None)  # placed on `reward_model_device` below
-        # A saved reward model brings its head (and is refused if incomplete); a causal LM gets a new one.
-        load = (
-            JointRewardModel.from_pretrained
-            if JointRewardModel.is_saved(str(source))
-            else JointRewardModel.from_causal_lm
-        )
-        try:
-            return load(
-                str(source), freeze_backbone=args.reward_freeze_backbone, max_length=args.reward_max_length, **kwargs
-            )
-        except (OSError, ValueError) as error:
-            raise ValueError(
-                f"Cannot build MARLHF's reward model from {str(source)!r}: {error} Set `reward_model_name` to a "
-                "causal LM (id or path) with a tokenizer."
-            ) from error
-
-    def _reward_model_folder(self, output_dir: str) -> str:
-        return os.path.join(output_dir, REWARD_MODEL_DIR)
-
-    def _train_reward_stage(self) -> None:
-        """Steps 1 and 2: pairs from the current policies and the task reward, then the reward model."""
-        args = self.args
-        self.preference_pairs = collect_preference_pairs(
-            self,
-            self.train_dataset,
-            args.preference_num_candidates,
-            args.pair_selection,
-            args.preference_pairs_per_sample,
-        )
-        self.reward_model_history = train_reward_model(
-            self.reward_model,
-            self.preference_pairs,
-            learning_rate=args.reward_learning_rate,
-            num_train_epochs=args.reward_num_train_epochs,
-            batch_size=args.reward_train_batch_size,
-        )
-        for key, value in summarize(self.reward_model_history, len(self.preference_pairs)).items():
-            self._metrics["train"][key].append(value)  # in the first training log
-
-    def checkpoint_files(self, folder: str) -> list[str]:
-        """With `reward_model/` in the checkpoint (every one saved once the reward model is trained), every file of
-        the saved reward model (`JointRewardModel.saved_files`): a reward model missing its head is refused, not
-        resumed from with a new one."""
-        files = super().checkpoint_files(folder)
-        saved = self._reward_model_folder(folder)
-        if os.path.isdir(saved):
-            files += [os.path.join(REWARD_MODEL_DIR, name) for name in JointRewardModel.saved_files(saved)]
-        return files
-
-    def _restore_reward_model(self, checkpoint: str) -> bool:
-        """Load the reward model saved in `checkpoint/reward_model/`, if there is one."""
-        folder = self._reward_model_folder(checkpoint)
-        if not os.path.isdir(folder):
-            return False
-        kwargs = {k: v for k, v in (self.args.model_init_kwargs or {}).items() if k != "device_map"}
-        saved = JointRewardModel.from_pretrained(folder, **kwargs)
-        self.reward_model.load_state_dict(saved.state_dict())
-        self.reward_model.eval()
-        return True
-
     # ------------------------------------------------------------------ training
 
     def train(
@@ -803,24 +664,14 @@ class MARLHFTrainer(MAGRPOTrainer):
                     "`train()` without checkpoint arguments, and `save_model(dir)` afterwards."
                 )
             return self._train_actor_critic()
-        checkpoint = resume_from_checkpoint or self.pending_checkpoint
-        if checkpoint is True:
-            checkpoint = get_last_checkpoint(checkpoint_dir or self.args.output_dir)
-        if isinstance(checkpoint, str):
-            self.check_checkpoint(checkpoint)  # the whole checkpoint, before the reward model is loaded from it
-        restored = isinstance(checkpoint, str) and self._restore_reward_model(checkpoint)
-        if self._online_reward is None and not restored:
-            self._train_reward_stage()
-        self._online_reward = bind_joint_scorer(self.reward_model, self.num_agents)
+        self.prepare_online_reward(resume_from_checkpoint or self.pending_checkpoint, checkpoint_dir)
         return super().train(
             resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, **kwargs
         )
 
     def _train_actor_critic(self):
         """Steps 1 and 2 (once), then a fresh online actor-critic trainer (`online_trainer`) on the same agents."""
-        if self._online_reward is None:
-            self._train_reward_stage()
-        self._online_reward = bind_joint_scorer(self.reward_model, self.num_agents)
+        self.prepare_online_reward(None)
         trainer = self.online_trainer = self._actor_critic_trainer()
         stage = {
             k: self._metrics["train"].pop(k) for k in list(self._metrics["train"]) if k.startswith("reward_model/")
@@ -858,34 +709,12 @@ class MARLHFTrainer(MAGRPOTrainer):
         trainer.verbose = self.verbose
         return trainer
 
-    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
-        # Training batches are scored by the reward model, raw (no processor); evaluation keeps the task reward.
-        if not self.model.training or self._online_reward is None:
-            return super()._generate_and_score_completions(inputs)
-        device = self.reward_weights.device
-        with self._swap(
-            reward_funcs=[self._online_reward],
-            reward_func_names=[self._online_reward.__name__],
-            reward_weights=torch.ones(1, device=device),
-            reward_processing_classes=[None],
-            reward_processor=None,
-        ):
-            return super()._generate_and_score_completions(inputs)
-
     def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
         """MAGRPO's evaluation metrics; in centralized mode `eval_logger` gets the roles' outputs `[role][row][turn]`
         (the joint completions split by the adapter), as CoMLRL's."""
         if self.centralized_collaboration is not None:
             trajectories = role_trajectories(self.centralized_collaboration, trajectories)
         return super().trajectory_metrics(trajectories)
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """The agents (`output_dir/agent_i/`, as `MAGRPOTrainer`) and, once trained, the reward model
-        (`output_dir/reward_model/`, reloadable with `JointRewardModel.from_pretrained`)."""
-        super().save_model(output_dir, _internal_call)
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if self._online_reward is not None and self.accelerator.is_main_process:
-            self.reward_model.save_pretrained(self._reward_model_folder(output_dir))
 
 
 class _RewardModelScored:
