@@ -3,12 +3,14 @@ joint-factorised DPO loss and the Bradley-Terry reward-model loss (`losses`), MA
 (`reward_model`), each checked against CoMLRL 1.4.3's own code in `tests/test_preference_math.py`, MARLHF's
 reward-model stage (`reward_training`: pairs of joint samples, Bradley-Terry training; `sampling` draws the pairs
 from a team's task reward), and the trainer
-that holds state and calls them: `MultiAgentDPOConfig` / `MultiAgentDPOTrainer` (`config`, `trainer`). CoMLRL's names
+that holds state and calls them: `MultiAgentDPOConfig` / `MultiAgentDPOTrainer` (`config`, `trainer`), and its
+iterative form over rounds of pairs against a comparator with replay (`iterative`, `replay`). CoMLRL's names
 (`MADPOConfig`, `MADPOTrainer`, `MARLHFConfig`, `MARLHFTrainer`) are in `multiagent_trl.comlrl` (and the package root);
 this package imports nothing from that layer.
 """
 
 from .config import MultiAgentDPOConfig
+from .iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
 from .reward_model import JointRewardModel, joint_text
 from .reward_training import JointPreferencePair, train_reward_model
 from .sampling import collect_preference_pairs
@@ -19,6 +21,8 @@ __all__ = [
     "JointRewardModel",
     "MultiAgentDPOConfig",
     "MultiAgentDPOTrainer",
+    "MultiAgentIterativeDPOConfig",
+    "MultiAgentIterativeDPOTrainer",
     "collect_preference_pairs",
     "joint_text",
     "train_reward_model",
