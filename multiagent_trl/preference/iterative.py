@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import random
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,44 @@ COMPARATORS = ("current",)  # "model" and "history" (CoMLRL's) are not built yet
 
 
 @dataclass
-class MultiAgentIterativeDPOConfig(MultiAgentDPOConfig):
+class IterativeRoundFields:
+    """The round fields (documented on `MultiAgentIterativeDPOConfig`) and their checks, for any config whose trainer
+    mixes in `IterativeRounds` (iterative MADPO here; iterative MARLHF can take the same). A config mixes them in
+    before its base config and calls `check_round_fields()` in its `__post_init__`."""
+
+    comparator: str = field(default="current", metadata={"help": "The comparator: 'current'."})
+    comparator_num_generations: int | None = field(
+        default=None, metadata={"help": "K', the comparator's candidates per prompt; None: num_generations."}
+    )
+    replay_mode: str = field(
+        default="current", metadata={"help": "'current', 'nearest_k', 'all_history' or 'lambda_decay'."}
+    )
+    replay_k: int | None = field(default=None, metadata={"help": "Shards 'nearest_k' replays."})
+    replay_lambda: float | None = field(default=None, metadata={"help": "'lambda_decay''s lambda in [0, 1]."})
+    replay_sample_size: int | None = field(default=None, metadata={"help": "Pairs a replay draws."})
+    replay_dir: str | None = field(default=None, metadata={"help": "Shard folder (None: output_dir/...)."})
+
+    def check_round_fields(self) -> None:
+        """Raise on a round field that is not allowed or not built, naming it."""
+        if self.comparator not in COMPARATORS:
+            raise NotImplementedError(
+                f"`comparator={self.comparator!r}`: only 'current' is built ('model' and 'history' are not yet)."
+            )
+        if self.comparator_num_generations is not None and self.comparator_num_generations < 1:
+            raise ValueError(f"`comparator_num_generations` must be >= 1, got {self.comparator_num_generations}.")
+        self.replay_mode = canonical(self.replay_mode, "replay_mode", REPLAY_MODES, REPLAY_MODE_ALIASES, "current")
+        if self.replay_mode == "nearest_k" and (self.replay_k is None or self.replay_k < 1):
+            raise ValueError("`replay_mode='nearest_k'` needs `replay_k` >= 1 (the newest shards to replay).")
+        if self.replay_mode == "lambda_decay" and not (
+            self.replay_lambda is not None and 0.0 <= self.replay_lambda <= 1.0
+        ):
+            raise ValueError("`replay_mode='lambda_decay'` needs `replay_lambda` in [0, 1].")
+        if self.replay_sample_size is not None and self.replay_sample_size < 1:
+            raise ValueError(f"`replay_sample_size` must be at least 1 or None, got {self.replay_sample_size}.")
+
+
+@dataclass
+class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
     r"""
     Configuration for `MultiAgentIterativeDPOTrainer`: every `MultiAgentDPOConfig` field, plus the round fields.
 
@@ -68,34 +106,8 @@ class MultiAgentIterativeDPOConfig(MultiAgentDPOConfig):
             Where the rounds' shards go (`None`: `output_dir/preference_replay`).
     """
 
-    comparator: str = field(default="current", metadata={"help": "The comparator: 'current'."})
-    comparator_num_generations: int | None = field(
-        default=None, metadata={"help": "K', the comparator's candidates per prompt; None: num_generations."}
-    )
-    replay_mode: str = field(
-        default="current", metadata={"help": "'current', 'nearest_k', 'all_history' or 'lambda_decay'."}
-    )
-    replay_k: int | None = field(default=None, metadata={"help": "Shards 'nearest_k' replays."})
-    replay_lambda: float | None = field(default=None, metadata={"help": "'lambda_decay''s lambda in [0, 1]."})
-    replay_sample_size: int | None = field(default=None, metadata={"help": "Pairs a replay draws."})
-    replay_dir: str | None = field(default=None, metadata={"help": "Shard folder (None: output_dir/...)."})
-
     def __post_init__(self):
-        if self.comparator not in COMPARATORS:
-            raise NotImplementedError(
-                f"`comparator={self.comparator!r}`: only 'current' is built ('model' and 'history' are not yet)."
-            )
-        if self.comparator_num_generations is not None and self.comparator_num_generations < 1:
-            raise ValueError(f"`comparator_num_generations` must be >= 1, got {self.comparator_num_generations}.")
-        self.replay_mode = canonical(self.replay_mode, "replay_mode", REPLAY_MODES, REPLAY_MODE_ALIASES, "current")
-        if self.replay_mode == "nearest_k" and (self.replay_k is None or self.replay_k < 1):
-            raise ValueError("`replay_mode='nearest_k'` needs `replay_k` >= 1 (the newest shards to replay).")
-        if self.replay_mode == "lambda_decay" and not (
-            self.replay_lambda is not None and 0.0 <= self.replay_lambda <= 1.0
-        ):
-            raise ValueError("`replay_mode='lambda_decay'` needs `replay_lambda` in [0, 1].")
-        if self.replay_sample_size is not None and self.replay_sample_size < 1:
-            raise ValueError(f"`replay_sample_size` must be at least 1 or None, got {self.replay_sample_size}.")
+        self.check_round_fields()
         super().__post_init__()
 
 
@@ -113,7 +125,7 @@ def candidate_sets(level, width: int, reward_weights: torch.Tensor) -> list[dict
         rollouts = level.rollouts
         out.append(
             {
-                "prompts": list(level.nodes[n].prompts),
+                "prompts": [level.nodes[n].prompts[i] for i in range(len(rollouts))],
                 "prompt_ids": [rollout.prompt_ids[rows[0]] for rollout in rollouts],
                 "completions": [[rollout.completions[r] for r in rows] for rollout in rollouts],  # (agents, K)
                 "completion_ids": [[rollout.completion_ids[r] for r in rows] for rollout in rollouts],
@@ -164,36 +176,21 @@ def record_tokens(record: dict) -> list[tuple[list[int], list[int], list[int]]]:
     return list(zip(ids["prompt"], ids["winner"], ids["loser"], strict=True))
 
 
-class MultiAgentIterativeDPOTrainer(MultiAgentDPOTrainer):
-    """Iterative MADPO: rounds of pairs of the current policy against a comparator, with replay, trained by one
-    `Trainer.train` (see the module docstring). Takes every `MultiAgentDPOTrainer` argument; `args` is a
-    `MultiAgentIterativeDPOConfig`.
+class IterativeRounds:
+    """The round machinery, for a team trainer (`MultiAgentGRPOTrainer` subclass) whose config has the
+    `IterativeRoundFields`: `round_pairs_for(epoch)` draws (or reloads) round `epoch`'s pairs the first time it is
+    asked for them, writes the shard and returns the replay selection. A round is one of Trainer's epochs, so the
+    optimizer, the schedule and `global_step` are Trainer's over every round. Iterative MADPO trains on the pairs
+    (`MultiAgentIterativeDPOTrainer`); iterative MARLHF can train its reward model on them."""
 
-    What differs from `MultiAgentDPOTrainer`: `_generate_and_score_completions` (training) serves the current round's
-    pairs, drawing the round first when a new epoch began. Logs `round/index`, `round/pairs`, `round/train_pairs`.
-    """
+    round_index: int = -1  # the round whose pairs are being served
+    round_pairs: Sequence[dict] = ()  # the round's training pairs (a list once drawn)
 
-    _tag_names = ["trl", "dpo", "multiagent-trl", "madpo", "iterative"]
-    _name = "Iterative MADPO"
-
-    def __init__(self, *args, **kwargs):
-        config = kwargs.get("args", args[2] if len(args) > 2 else None)
-        if config is not None and not isinstance(config, MultiAgentIterativeDPOConfig):
-            raise TypeError(
-                f"`args` is a {type(config).__name__}; MultiAgentIterativeDPOTrainer needs a "
-                "MultiAgentIterativeDPOConfig (every MultiAgentDPOConfig field, plus the round fields)."
-            )
-        if config is None:
-            kwargs["args"] = MultiAgentIterativeDPOConfig(output_dir="madpo-iterative-output")
-        super().__init__(*args, **kwargs)
-        if self.accelerator.num_processes > 1:
-            raise NotImplementedError(
-                "MultiAgentIterativeDPOTrainer runs in one process for now: a round's pairs are not gathered across "
-                "processes yet. Use MultiAgentDPOTrainer for distributed runs."
-            )
-        self.round_index = -1  # the round whose pairs are being served
-        self.round_pairs: list[dict] = []
-        self._round_cursor = 0
+    def round_pairs_for(self, epoch: int) -> list[dict[str, Any]]:
+        """Round `epoch`'s training pairs (0-based), drawn at its first call."""
+        if epoch != self.round_index:
+            self._start_round(epoch)
+        return self.round_pairs
 
     @property
     def replay_dir(self) -> str:
@@ -256,11 +253,41 @@ class MultiAgentIterativeDPOTrainer(MultiAgentDPOTrainer):
                 "more diversely (`temperature`), or use a reward that separates the candidates."
             )
         random.Random(args.seed + index).shuffle(train_pairs)
-        self.round_index, self.round_pairs, self._round_cursor = index, train_pairs, 0
+        self.round_index, self.round_pairs = index, train_pairs
         metrics = self._metrics["train"]
         metrics["round/index"].append(float(index + 1))
         metrics["round/pairs"].append(float(len(current)))
         metrics["round/train_pairs"].append(float(len(train_pairs)))
+
+
+class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
+    """Iterative MADPO: rounds of pairs of the current policy against a comparator, with replay, trained by one
+    `Trainer.train` (see the module docstring). Takes every `MultiAgentDPOTrainer` argument; `args` is a
+    `MultiAgentIterativeDPOConfig`.
+
+    What differs from `MultiAgentDPOTrainer`: `_generate_and_score_completions` (training) serves the current round's
+    pairs, drawing the round first when a new epoch began. Logs `round/index`, `round/pairs`, `round/train_pairs`.
+    """
+
+    _tag_names = ["trl", "dpo", "multiagent-trl", "madpo", "iterative"]
+    _name = "Iterative MADPO"
+
+    def __init__(self, *args, **kwargs):
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if config is not None and not isinstance(config, MultiAgentIterativeDPOConfig):
+            raise TypeError(
+                f"`args` is a {type(config).__name__}; MultiAgentIterativeDPOTrainer needs a "
+                "MultiAgentIterativeDPOConfig (every MultiAgentDPOConfig field, plus the round fields)."
+            )
+        if config is None:
+            kwargs["args"] = MultiAgentIterativeDPOConfig(output_dir="madpo-iterative-output")
+        super().__init__(*args, **kwargs)
+        if self.accelerator.num_processes > 1:
+            raise NotImplementedError(
+                "MultiAgentIterativeDPOTrainer runs in one process for now: a round's pairs are not gathered across "
+                "processes yet. Use MultiAgentDPOTrainer for distributed runs."
+            )
+        self._round_cursor = (-1, 0)  # (round, pairs served in it)
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
         if not self.model.training:
@@ -268,22 +295,26 @@ class MultiAgentIterativeDPOTrainer(MultiAgentDPOTrainer):
         if self._first_train_row is None:
             self._first_train_row = dict(inputs[0])
         index = int(self.state.epoch or 0)  # a round is an epoch: Trainer counts them, resumes included
-        if index != self.round_index:
-            self._start_round(index)
+        round_pairs = self.round_pairs_for(index)
+        if self._round_cursor[0] != index:
+            self._round_cursor = (index, 0)
+        served = self._round_cursor[1]
         # As many rows as MultiAgentDPOTrainer's batch of these prompts: whole optimizer steps.
         steps = self.args.pair_steps
         nodes = len(inputs) // self.num_generations
         slots = -(-nodes * self.args.pairs_per_prompt // steps) * steps
         batch = []
-        for _ in range(slots):  # the round's pairs in order, cycled
-            batch.append(self.round_pairs[self._round_cursor % len(self.round_pairs)])
-            self._round_cursor += 1
+        for k in range(slots):  # the round's pairs in order, cycled
+            batch.append(round_pairs[(served + k) % len(round_pairs)])
+        self._round_cursor = (index, served + slots)
         weight = torch.ones(slots, device=self.accelerator.device)
         self._metrics["train"]["pairs/trained"].append(float(slots))
         return self._preference_rows([record_tokens(r) for r in batch], weight)
 
 
 __all__ = [
+    "IterativeRoundFields",
+    "IterativeRounds",
     "MultiAgentIterativeDPOConfig",
     "MultiAgentIterativeDPOTrainer",
     "candidate_sets",
