@@ -268,7 +268,7 @@ def example_row(trainer: MultiAgentGRPOTrainer) -> dict[str, Any] | None:
     dataset = trainer.train_dataset
     if isinstance(dataset, Dataset):
         return dataset[0] if len(dataset) else None
-    return trainer._first_train_row
+    return trainer.first_train_row
 
 
 def agent_role(trainer: MultiAgentGRPOTrainer, agent: int) -> str:

@@ -10,6 +10,7 @@ advantages, log-probs and metrics exactly as for one GRPO policy. The loss is ea
 
 from __future__ import annotations
 
+import collections
 import copy
 import math
 import os
@@ -62,6 +63,9 @@ from .team.views import (
     same_generation_settings,
     save_entropy_states,
     swapped,
+)
+from .team.views import (
+    metrics_aside as agent_metrics_aside,
 )
 from .tools.environments import REPLAY_STATE, TOOL_HOST_STATE, TOOL_STATE, TeamTools
 from .vllm import team_generator
@@ -239,6 +243,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self._replay, self._eval_recorder = None, None  # `Replay` in an agent's pass; `EvalRecorder` in evaluation
         self._agent_rewards: torch.Tensor | None = None  # (rows, F, N): the last joint pass's per-agent rewards
         self._first_train_row: dict | None = None  # a model card's example (`hub.example_row`): a stream has no row 0
+        self._staging_dir: str | None = None  # while a checkpoint is staged (`_save_checkpoint`): Trainer's run dir
         if args.sync_ref_model:
             self.add_callback(ReferenceSyncCallback(self.accelerator, self._agent_views))
         self._vllm = None  # the team's vLLM engines or servers (`use_vllm=True`), synced at `_vllm_step`
@@ -261,6 +266,44 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def _swap(self, **attributes):
         return swapped(self, **attributes)
+
+    # Public seams: what the families, the hub and the CoMLRL layer use of the team core (`TeamTrainer`).
+
+    @property
+    def first_train_row(self) -> dict | None:
+        """The first row this trainer trained on (a model card's example for a streamed dataset, which has no row 0),
+        or `None` before the first training batch."""
+        return self._first_train_row
+
+    @property
+    def model_tags(self) -> list[str]:
+        """The tags added to every agent's model card (TRL's `_tag_names` of this trainer class)."""
+        return list(self._tag_names)
+
+    def sample(self, rows: list[dict], num_generations: int) -> Level:
+        """One turn of joint candidates, outside a training step: each agent formats `rows` into its own prompts
+        (`formatters`) and samples `num_generations` completions per row with its training sampling settings, and the
+        reward functions score the `num_generations` aligned joint samples of each row (weighted, after the
+        `reward_processor`, as in training).
+
+        Returns the played `rollout.tree.Level`: `level.rollouts[i]` holds agent i's completions (row n's at
+        `n * num_generations ...`), `level.joint` the joint rewards gathered over the processes, `level.nodes` this
+        process's rows. Collective: every process calls it (with its own rows). Metrics it records go to the
+        training logs unless the call is inside `metrics_aside()`.
+        """
+        inputs = [row for row in rows for _ in range(num_generations)]  # each row G times, as TRL's sampler hands them
+        agent_inputs = [self._agent_inputs(inputs, i) for i in range(self.num_agents)]
+        with self._swap(num_generations=num_generations):
+            return self._play(inputs, agent_inputs, num_generations, "train")[0]
+
+    @contextmanager
+    def metrics_aside(self) -> Iterator[dict[str, dict[str, list]]]:
+        """Inside the block, the team's and every agent's metrics are recorded into fresh dicts (the team's yielded,
+        `{"train": ..., "eval": ...}`), so that sampling outside a training step (`sample`) leaves the next
+        training log untouched; the trainer's own metrics come back after it."""
+        fresh = {"train": collections.defaultdict(list), "eval": collections.defaultdict(list)}
+        with self._swap(_metrics=fresh), agent_metrics_aside(self._agent_views):
+            yield fresh
 
     @contextmanager
     def _agent_view(self, index: int) -> Iterator[None]:
@@ -631,14 +674,30 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial) -> None:
         # Unlike Trainer, which writes `checkpoint-N/` in place (a process killed mid-save leaves a partial folder that
         # `train(resume_from_checkpoint=True)` picks and fails on), write it under another name and rename it once
-        # complete. TRL saves one entropy controller; a team saves each agent's.
-        def save_checkpoint(model, trial):
-            super(MultiAgentGRPOTrainer, self)._save_checkpoint(model, trial)
-            if self.use_adaptive_entropy and self.args.should_save:
-                name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-                save_entropy_states(self._agent_views, os.path.join(self._get_output_dir(trial=trial), name))
+        # complete (`team.checkpointing`). TRL saves one entropy controller; a team saves each agent's.
+        run_dir = self._get_output_dir(trial=trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
 
-        save_atomically(self, save_checkpoint, model, trial)
+        def save_into(staging: str) -> None:
+            self._staging_dir = staging
+            try:
+                super(MultiAgentGRPOTrainer, self)._save_checkpoint(model, trial)
+                if self.use_adaptive_entropy and self.args.should_save:
+                    save_entropy_states(self._agent_views, os.path.join(staging, name))
+            finally:
+                self._staging_dir = None
+
+        save_atomically(run_dir, self.args, self.accelerator, self.state, save_into)
+        if self.args.push_to_hub:
+            self._push_from_checkpoint(os.path.join(run_dir, name))
+
+    def _get_output_dir(self, trial=None) -> str:
+        # While a checkpoint is staged, Trainer's save writes into the staging folder (`_save_checkpoint`).
+        return self._staging_dir if self._staging_dir is not None else super()._get_output_dir(trial=trial)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        if self._staging_dir is None:  # a staged checkpoint is pushed once published, from its final folder
+            super()._push_from_checkpoint(checkpoint_folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

@@ -248,3 +248,24 @@ def test_each_agents_loss_is_logged_and_they_sum_to_the_loss(tmp_path, tiny_path
         assert sum(losses) == pytest.approx(log["loss"], abs=1e-6, rel=1e-4)
     assert any(log["agent_0/loss"] != log["agent_1/loss"] for log in steps)
     assert any(log["loss"] != 0 for log in steps)
+
+
+def test_sample_plays_one_turn_and_metrics_aside_keeps_it_out_of_the_logs(tmp_path, tiny_path, prompts_dataset):
+    """The team core's public seams (`team.protocol.TeamTrainer`): `sample` plays one turn of joint candidates,
+    scored by the trainer's reward; inside `metrics_aside` it records nothing in the trainer's own metrics."""
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_ratio,
+        args=small_args(tmp_path, num_agents=2),
+        train_dataset=prompts_dataset,
+    )
+    rows = [{"prompt": "Tell a story:"}, {"prompt": "Tell a joke:"}]
+    with trainer.metrics_aside() as aside:
+        level = trainer.sample(rows, 3)
+    assert not trainer._metrics["train"] and aside["train"]  # recorded, but set aside
+    assert [len(rollout.completions) for rollout in level.rollouts] == [6, 6]
+    assert [node.prompts[0] for node in level.nodes] == ["Tell a story:", "Tell a joke:"]
+    expected = length_ratio([r.completions for r in level.rollouts][0], [r.completions for r in level.rollouts][1])
+    assert level.joint.tolist() == pytest.approx(expected)
+    trainer.sample(rows, 3)
+    assert trainer._metrics["train"]  # outside the block, the records go to the next training log

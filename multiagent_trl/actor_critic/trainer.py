@@ -104,8 +104,9 @@ def attach_critics(team: nn.Module, critics: Sequence[nn.Module]) -> nn.Module:
 def held_backbone(critic: CausalLMWithValueHead) -> CausalLMWithValueHead:
     """`critic` with its LM held but not registered: a value head on an agent's own model, whose backbone belongs to
     the team's agent (registered twice, it would appear twice in every state dict and checkpoint)."""
-    model = critic._modules.pop("model")
-    critic.__dict__["model"] = model
+    model = critic.model
+    del critic.model  # unregistered: `nn.Module.__delattr__` drops it from the submodules
+    object.__setattr__(critic, "model", model)  # a plain attribute (`nn.Module.__setattr__` would register it)
     return critic
 
 

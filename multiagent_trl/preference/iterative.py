@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import os
 import random
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..team.views import metrics_aside
 from .config import MultiAgentDPOConfig
 from .replay import (
     REPLAY_MODE_ALIASES,
@@ -218,8 +216,7 @@ class IterativeRounds:
         rows = [dict(row) for row in self.train_dataset]
         chunk = max(args.generation_batch_size // width, 1)
         records = []
-        metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-        with self._swap(_metrics=metrics), metrics_aside(self._agent_views):
+        with self.metrics_aside():
             for start in range(0, len(rows), chunk):
                 items = rows[start : start + chunk]
                 current = candidate_sets(play_candidates(self, items, width), width, self.reward_weights)

@@ -3,7 +3,7 @@
 `reward_training` and `replay`.
 
 - `play_candidates`: every agent's K completions of each row, and the joint rewards of the K aligned joint samples
-  (one turn of the team core, `MultiAgentGRPOTrainer._play`).
+  (one turn of the team core, `MultiAgentGRPOTrainer.sample`).
 - `collect_preference_pairs`: those candidates over a whole dataset, split over the processes, paired by CoMLRL's
   selection (MARLHF's first stage), with what the sampling records kept out of the training logs.
 """
@@ -11,22 +11,20 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import TYPE_CHECKING
 
 import torch
 from accelerate.utils import gather_object
 
 from ..rollout.tree import Level
-from ..team.views import metrics_aside
 from .pairs import check_pair_set, played_pairs
 from .reward_training import JointPreferencePair
 
 if TYPE_CHECKING:
-    from ..trainer import MultiAgentGRPOTrainer
+    from ..team.protocol import TeamTrainer
 
 
-def play_candidates(trainer: MultiAgentGRPOTrainer, rows: list[dict], width: int) -> Level:
+def play_candidates(trainer: TeamTrainer, rows: list[dict], width: int) -> Level:
     """One turn of `trainer`'s team on `rows`: each agent samples `width` completions per row (its own prompt from the
     trainer's formatters), and the trainer's reward functions score the `width` aligned joint samples of each row.
 
@@ -34,14 +32,11 @@ def play_candidates(trainer: MultiAgentGRPOTrainer, rows: list[dict], width: int
     `n * width ...`), `level.joint` the gathered joint rewards after the reward processor, `level.rewards_per_func`
     the gathered raw rewards of each function.
     """
-    inputs = [row for row in rows for _ in range(width)]  # each row `width` times, as TRL's sampler hands them over
-    agent_inputs = [trainer._agent_inputs(inputs, i) for i in range(trainer.num_agents)]
-    with trainer._swap(num_generations=width):
-        return trainer._play(inputs, agent_inputs, width, "train")[0]
+    return trainer.sample(rows, width)
 
 
 def collect_preference_pairs(
-    trainer: MultiAgentGRPOTrainer,
+    trainer: TeamTrainer,
     dataset,
     num_candidates: int,
     pair_selection: str = "reward_gap",
@@ -80,11 +75,10 @@ def collect_preference_pairs(
     local = rows[rank::world]
     calls = math.ceil(math.ceil(len(rows) / world) / items_per_call)  # the same on every process (collectives)
     pairs: list[JointPreferencePair] = []
-    metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
     training = trainer.model.training
     trainer.model.train()
     try:
-        with trainer._swap(_metrics=metrics), metrics_aside(trainer._agent_views), torch.no_grad():
+        with trainer.metrics_aside(), torch.no_grad():
             for c in range(calls):
                 chunk = local[c * items_per_call : (c + 1) * items_per_call]
                 real = len(chunk)

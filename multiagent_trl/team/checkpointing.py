@@ -37,7 +37,6 @@ import shutil
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
 
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
@@ -66,41 +65,22 @@ def publishes(process_index: int, local_main: bool, visible: Sequence[int]) -> b
     return local_main and process_index == min(visible)
 
 
-class CheckpointingTrainer(Protocol):
-    """What `save_atomically` uses of the trainer: the settings and state, and the two `Trainer` methods it redirects
-    while Trainer's own save writes into the staging folder."""
+def save_atomically(run_dir: str, args, accelerator, state, save_into: Callable[[str], None]) -> bool:
+    """Have `save_into(staging)` write Trainer's `checkpoint-N/` with the folder `staging` standing in for `run_dir`,
+    then publish it as `run_dir/checkpoint-N/` (N: `state.global_step`).
 
-    args: Any
-    accelerator: Any
-    state: Any
-
-    def _get_output_dir(self, trial=None) -> str: ...
-
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None: ...
-
-
-def save_atomically(trainer: CheckpointingTrainer, save_checkpoint: Callable, model, trial) -> bool:
-    """Run Trainer's `save_checkpoint(model, trial)` into a staging folder, then publish it as `checkpoint-N/`.
-
-    Must be called by every process, like `Trainer._save_checkpoint`. Returns whether this process renamed the folder
-    (one process per storage, see the module docstring).
+    `save_into` is Trainer's own checkpoint save with its output folder redirected (the team trainer points
+    `_get_output_dir` at `staging` meanwhile). Must be called by every process, like `Trainer._save_checkpoint`.
+    Returns whether this process renamed the folder (one process per storage, see the module docstring). Pushing to
+    the Hub is the caller's, once the folder is published (the upload runs in the background and reads it).
     """
-    args, accelerator, state = trainer.args, trainer.accelerator, trainer.state
-    run_dir = trainer._get_output_dir(trial=trial)
     name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
     save_id = broadcast_object_list([uuid.uuid4().hex[:8]])[0]  # one name on every process
     final, staging = os.path.join(run_dir, name), os.path.join(run_dir, f"{STAGING_PREFIX}{name}-{save_id}")
     staged = os.path.join(staging, name)
     publisher = _find_publisher(staging, accelerator, warn=args.save_on_each_node)
 
-    # Trainer and TRL write to `<run dir>/checkpoint-N/`: the staging folder stands in for the run dir. Pushing to the
-    # Hub waits until the checkpoint is published (the upload runs in the background and reads the folder).
-    trainer._get_output_dir = lambda trial=None: staging
-    trainer._push_from_checkpoint = lambda folder: None
-    try:
-        save_checkpoint(model, trial)
-    finally:
-        del trainer._get_output_dir, trainer._push_from_checkpoint
+    save_into(staging)
     if state.best_model_checkpoint == staged:  # Trainer found the best checkpoint (this one) under its staging name
         state.best_model_checkpoint = final
         if args.should_save:
@@ -116,8 +96,6 @@ def save_atomically(trainer: CheckpointingTrainer, save_checkpoint: Callable, mo
         if args.should_save:
             rotate_checkpoints(run_dir, args.save_total_limit, state.best_model_checkpoint, use_mtime=True)
     accelerator.wait_for_everyone()
-    if args.push_to_hub:
-        trainer._push_from_checkpoint(final)
     return publisher
 
 

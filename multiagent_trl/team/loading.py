@@ -173,7 +173,7 @@ def load_processing_classes(processing_class, models: Sequence[nn.Module], args:
         pc
         if pc is not None
         else AutoProcessor.from_pretrained(
-            m.config._name_or_path,
+            m.config.name_or_path,
             truncation_side="left",
             padding_side="left",
             trust_remote_code=args.trust_remote_code,

@@ -47,7 +47,7 @@ class PolicyHost(Protocol):
     temperature: float  # the active agent's (the trainer swaps it in per agent)
     is_deepspeed_enabled: bool
     is_fsdp_enabled: bool
-    _tag_names: list[str]
+    model_tags: list[str]  # the tags of every agent's model card
 
 
 logger = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ def model_state(trainer: PolicyHost, index: int, model: PreTrainedModel | PeftMo
         cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
         outputs=("log_probs", "entropy"),
     )
-    model.add_model_tags(trainer._tag_names)
+    model.add_model_tags(trainer.model_tags)
     text_config = model.config.get_text_config()
     coef = args.router_aux_loss_coef
     router_aux_loss_coef = getattr(text_config, "router_aux_loss_coef", 0.0) if coef is None else coef

@@ -21,6 +21,15 @@ from multiagent_trl.team.checkpointing import save_atomically
 from multiagent_trl.testing import tiny_model_path
 
 
+def save(trainer: MultiAgentGRPOTrainer, staging: str) -> None:
+    """Trainer's own checkpoint save into `staging` (what the trainer's `_save_checkpoint` hands `save_atomically`)."""
+    trainer._staging_dir = staging
+    try:
+        GRPOTrainer._save_checkpoint(trainer, trainer.model, None)
+    finally:
+        trainer._staging_dir = None
+
+
 def main(out_dir: str) -> None:
     rank = int(os.environ["RANK"])
     dataset = Dataset.from_dict({"prompt": ["Tell a story:", "Tell a joke:"]})
@@ -48,8 +57,13 @@ def main(out_dir: str) -> None:
             )  # fmt: skip
             trainer.create_optimizer_and_scheduler(num_training_steps=2)
             trainer.state.global_step = 1
-            save = functools.partial(GRPOTrainer._save_checkpoint, trainer)  # what the trainer's override wraps
-            published[layout] = save_atomically(trainer, save, trainer.model, None)
+            published[layout] = save_atomically(
+                trainer.args.output_dir,
+                trainer.args,
+                trainer.accelerator,
+                trainer.state,
+                functools.partial(save, trainer),
+            )
             trainer.state.global_step = 2
             trainer._save_checkpoint(trainer.model, None)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
