@@ -6,7 +6,14 @@ from typing import TYPE_CHECKING
 from ._version import __version__ as __version__
 from .actor_critic import ActorCriticConfig, ActorCriticTrainer
 from .config import MultiAgentGRPOConfig
-from .preference import MultiAgentDPOConfig, MultiAgentDPOTrainer, MultiAgentRLHFConfig, MultiAgentRLHFTrainer
+from .preference import (
+    MultiAgentDPOConfig,
+    MultiAgentDPOTrainer,
+    MultiAgentIterativeDPOConfig,
+    MultiAgentIterativeDPOTrainer,
+    MultiAgentRLHFConfig,
+    MultiAgentRLHFTrainer,
+)
 
 # CoMLRL's MARLHF reward model (a causal LM with a scalar head, trainable). The older sequence-classifier wrapper of
 # the same name stays at `multiagent_trl.rewards.models.JointRewardModel` (it was never exported here).
@@ -94,6 +101,8 @@ __all__ = [
     "MARLOOTrainer",
     "MultiAgentDPOConfig",
     "MultiAgentDPOTrainer",
+    "MultiAgentIterativeDPOConfig",
+    "MultiAgentIterativeDPOTrainer",
     "MultiAgentGRPOConfig",
     "MultiAgentGRPOTrainer",
     "MultiAgentRLHFConfig",

@@ -61,6 +61,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..preference.iterative import candidate_sets, comparison_records, record_tokens
 from ..preference.replay import (
     COMPARATOR_POLICIES,
     COMPARATOR_POLICY_ALIASES,
@@ -69,7 +70,6 @@ from ..preference.replay import (
     REPLAY_MODES,
     ReplayShard,
     canonical,
-    comparison_pairs,
     replay_selection,
     write_shard,
 )
@@ -426,60 +426,12 @@ class IterativePairs:
 
     @torch.no_grad()
     def _candidates(self, items: list[dict], width: int) -> list[dict[str, Any]]:
-        """Per item: each agent's prompt, its `width` completions (text and token ids), and the joint rewards of the
-        aligned candidates (after the reward processor, and raw)."""
-        level = self.sample(items, width)
-        processed = level.joint.view(-1, width)[: len(items)].tolist()
-        per_func = level.rewards_per_func.to(self.reward_weights.device)  # (rows, F)
-        raw = (per_func * self.reward_weights).nansum(dim=1).view(-1, width)[: len(items)].tolist()
-        out = []
-        for n in range(len(items)):
-            rows = range(n * width, (n + 1) * width)
-            rollouts = level.rollouts
-            out.append(
-                {
-                    "prompts": [level.nodes[n].prompts[i] for i in range(self.num_agents)],
-                    "prompt_ids": [rollout.prompt_ids[rows[0]] for rollout in rollouts],
-                    "completions": [[rollout.completions[r] for r in rows] for rollout in rollouts],  # (agents, K)
-                    "completion_ids": [[rollout.completion_ids[r] for r in rows] for rollout in rollouts],
-                    "rewards": processed[n],
-                    "raw": raw[n],
-                }
-            )
-        return out
+        """Per item: each agent's prompt, its `width` completions, the joint rewards (`preference.iterative`)."""
+        return candidate_sets(self.sample(items, width), width, self.reward_weights)[: len(items)]
 
     def _item_records(self, current: dict, comparator: dict) -> list[dict[str, Any]]:
-        """One item's pairs (`comparison_pairs`) as CoMLRL's JSON records, with the sampled token ids."""
-        args = self.args
-        pairs = comparison_pairs(
-            current["rewards"], comparator["rewards"], args.pair_selection, args.preference_pairs_per_sample
-        )
-        sources = {"current": current, "comparator": comparator}
-        everything = current["rewards"] + comparator["rewards"]
-        mean = sum(everything) / len(everything) if everything else 0.0
-        records = []
-        for (win_source, win), (lose_source, lose) in pairs:
-            winner, loser = sources[win_source], sources[lose_source]
-            target = win if win_source == "current" else lose
-            records.append(
-                {
-                    "prompts": list(current["prompts"]),
-                    "winner_completions": [c[win] for c in winner["completions"]],
-                    "loser_completions": [c[lose] for c in loser["completions"]],
-                    "winner_reward": float(winner["rewards"][win]),
-                    "loser_reward": float(loser["rewards"][lose]),
-                    "candidate_reward_mean": float(mean),
-                    "raw_rewards": [float(winner["raw"][win]), float(loser["raw"][lose])],
-                    "target_raw_reward": float(current["raw"][target]),
-                    "comparator_raw_reward": float(comparator["raw"][target]),
-                    "token_ids": {
-                        "prompt": current["prompt_ids"],
-                        "winner": [ids[win] for ids in winner["completion_ids"]],
-                        "loser": [ids[lose] for ids in loser["completion_ids"]],
-                    },
-                }
-            )
-        return records
+        """One item's pairs as CoMLRL's JSON records, with the sampled token ids (`preference.iterative`)."""
+        return comparison_records(current, comparator, self.args.pair_selection, self.args.preference_pairs_per_sample)
 
 
 class MADPOIterTrainer(IterativePairs, MADPOTrainer):
@@ -534,9 +486,8 @@ class MADPOIterTrainer(IterativePairs, MADPOTrainer):
         """Each agent's `(prompt, winner, loser)` token ids of a record: the sampled ones, or, for a record without
         them (a CoMLRL shard), the text re-tokenized as CoMLRL does (the prompt with special tokens, completions
         without)."""
-        ids = record.get("token_ids")
-        if ids is not None:
-            return list(zip(ids["prompt"], ids["winner"], ids["loser"], strict=True))
+        if record.get("token_ids") is not None:
+            return record_tokens(record)
         tokens = []
         for i in range(self.num_agents):
             tokenizer = self._agent_views[i]["processing_class"]

@@ -3,13 +3,15 @@ joint-factorised DPO loss and the Bradley-Terry reward-model loss (`losses`), MA
 (`reward_model`), each checked against CoMLRL 1.4.3's own code in `tests/test_preference_math.py`, MARLHF's
 reward-model stage (`reward_training`: pairs of joint samples, Bradley-Terry training; `sampling` draws the pairs
 from a team's task reward), and the trainers that hold state and call them: `MultiAgentDPOConfig` /
-`MultiAgentDPOTrainer` (`config`, `trainer`), and `MultiAgentRLHFConfig` / `MultiAgentRLHFTrainer` (`rlhf`: a team
-trained on a joint reward model's scores and evaluated on the task reward). CoMLRL's names (`MADPOConfig`,
-`MADPOTrainer`, `MARLHFConfig`, `MARLHFTrainer`, a translation onto `rlhf`) are in `multiagent_trl.comlrl` (and the
-package root); this package imports nothing from that layer.
+`MultiAgentDPOTrainer` (`config`, `trainer`), its iterative form over rounds of pairs against a comparator with replay
+(`iterative`, `replay`), and `MultiAgentRLHFConfig` / `MultiAgentRLHFTrainer` (`rlhf`: a team trained on a joint
+reward model's scores and evaluated on the task reward). CoMLRL's names (`MADPOConfig`, `MADPOTrainer`,
+`MARLHFConfig`, `MARLHFTrainer`, a translation onto `rlhf`) are in `multiagent_trl.comlrl` (and the package root);
+this package imports nothing from that layer.
 """
 
 from .config import MultiAgentDPOConfig
+from .iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
 from .reward_model import JointRewardModel, joint_text
 from .reward_training import JointPreferencePair, train_reward_model
 from .rlhf import MultiAgentRLHFConfig, MultiAgentRLHFTrainer
@@ -21,6 +23,8 @@ __all__ = [
     "JointRewardModel",
     "MultiAgentDPOConfig",
     "MultiAgentDPOTrainer",
+    "MultiAgentIterativeDPOConfig",
+    "MultiAgentIterativeDPOTrainer",
     "MultiAgentRLHFConfig",
     "MultiAgentRLHFTrainer",
     "collect_preference_pairs",

@@ -82,6 +82,24 @@ def select_pairs(
     return [(win, lose) for _, win, lose in pairs]
 
 
+def played_pairs(
+    level, width: int, process_index: int, pair_selection: str, pairs_per_sample: int | None, rows: int | None = None
+) -> tuple[list[list[float]], list[tuple[int, int, int]]]:
+    """The pairs of a played batch (a `rollout.tree.Level`, one turn of `width` aligned joint candidates per row):
+    this process's rows' rewards `(nodes, width)` (`level.joint` is gathered over the processes) and, row by row, its
+    `(row, winner, loser)` pairs by `select_pairs`. Placeholder rows (copies that keep processes in step) and rows from
+    `rows` on make none. The one place a played batch becomes pairs: `MultiAgentDPOTrainer` (each generation batch)
+    and `sampling.collect_preference_pairs` (MARLHF's reward-model stage) call it."""
+    nodes = len(level.nodes)
+    start = process_index * nodes
+    rewards = level.joint.view(-1, width)[start : start + nodes].tolist()
+    pairs = []
+    for n, node in enumerate(level.nodes[:rows]):
+        if not node.placeholder:
+            pairs += [(n, w, lose) for w, lose in select_pairs(rewards[n], pair_selection, pairs_per_sample)]
+    return rewards, pairs
+
+
 def check_pair_set(num_pairs: int, num_items: int, num_candidates: int, pair_selection: str = "reward_gap") -> None:
     """Raise when a whole round of pair generation produced no pair (every item's candidates scored the same).
 
@@ -109,4 +127,4 @@ def check_pair_set(num_pairs: int, num_items: int, num_candidates: int, pair_sel
     )
 
 
-__all__ = ["PAIR_SELECTIONS", "check_pair_set", "ordered_pairs", "select_pairs"]
+__all__ = ["PAIR_SELECTIONS", "check_pair_set", "ordered_pairs", "played_pairs", "select_pairs"]

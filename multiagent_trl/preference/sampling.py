@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 from accelerate.utils import gather_object
 
-from .pairs import check_pair_set
-from .reward_training import JointPreferencePair, pairs_from_candidates
+from .pairs import check_pair_set, played_pairs
+from .reward_training import JointPreferencePair
 
 if TYPE_CHECKING:
     from ..team.protocol import TeamTrainer
@@ -71,18 +71,16 @@ def collect_preference_pairs(
                 real = len(chunk)
                 chunk = chunk or rows[:1]  # a process out of items plays one and keeps nothing
                 level = trainer.sample(chunk, num_candidates)
-                nodes = len(level.nodes)
-                # (nodes, K): this process's items
-                rewards = level.joint.view(-1, num_candidates)[rank * nodes : (rank + 1) * nodes].tolist()
-                for n, node in enumerate(level.nodes[:real]):
-                    if node.placeholder:
-                        continue
-                    candidates = [
-                        tuple(rollout.completions[n * num_candidates + k] for rollout in level.rollouts)
-                        for k in range(num_candidates)
-                    ]
-                    pairs += pairs_from_candidates(
-                        node.prompts, candidates, rewards[n], pair_selection, pairs_per_sample
+                rewards, selected = played_pairs(level, num_candidates, rank, pair_selection, pairs_per_sample, real)
+                for n, winner, loser in selected:
+                    pairs.append(
+                        JointPreferencePair(
+                            prompts=tuple(level.nodes[n].prompts),
+                            chosen=tuple(r.completions[n * num_candidates + winner] for r in level.rollouts),
+                            rejected=tuple(r.completions[n * num_candidates + loser] for r in level.rollouts),
+                            chosen_reward=float(rewards[n][winner]),
+                            rejected_reward=float(rewards[n][loser]),
+                        )
                     )
     finally:
         trainer.model.train(training)

@@ -6,7 +6,7 @@ How one generation batch flows:
 1. The team core plays the batch (`MultiAgentGRPOTrainer._play`, one turn): every agent samples K =
    `num_generations` completions per prompt, and the joint reward scores the K aligned joint candidates (the core's
    `reward_funcs`, `reward_weights`, `reward_processor`).
-2. `select_pairs` picks `(winner, loser)` joint candidates per prompt (`pair_selection`,
+2. `played_pairs` (`select_pairs` per prompt) picks `(winner, loser)` joint candidates per prompt (`pair_selection`,
    `preference_pairs_per_sample`); the same index is winner (or loser) for every agent. When the first generation
    batches have no pair at all, training raises (`check_pair_set`) instead of training on nothing; once pairs were
    found, a batch without any (the policies agree everywhere, e.g. once converged) trains nothing and is logged.
@@ -48,7 +48,7 @@ from ..team.views import swapped
 from ..trainer import MultiAgentGRPOTrainer
 from .config import MultiAgentDPOConfig
 from .losses import joint_dpo_losses, pack_rows, preference_logratios, sequence_logprobs, trim_completion
-from .pairs import check_pair_set, select_pairs
+from .pairs import check_pair_set, played_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -197,15 +197,10 @@ class MultiAgentDPOTrainer(MultiAgentGRPOTrainer):
         levels = self._play(inputs, agent_inputs, width, "train")  # steps 1 and 2 of the core, one turn
         level = levels[0]
         nodes = len(level.nodes)
-        start = self.accelerator.process_index * nodes
-        rewards = level.joint.view(-1, width)[start : start + nodes].tolist()  # (nodes, K): this process's prompts
-
-        # Pairs per prompt: (node, winner, loser); placeholders (copies that keep processes in step) make none.
-        pairs = []
-        for n, node in enumerate(level.nodes):
-            if not node.placeholder:
-                selected = select_pairs(rewards[n], args.pair_selection, args.preference_pairs_per_sample)
-                pairs += [(n, w, lose) for w, lose in selected]
+        # (nodes, K) rewards of this process's prompts; pairs (node, winner, loser), none from placeholders.
+        rewards, pairs = played_pairs(
+            level, width, self.accelerator.process_index, args.pair_selection, args.preference_pairs_per_sample
+        )
         total = int(self.accelerator.gather(torch.tensor([len(pairs)], device=device)).sum())
         items = int(self.accelerator.gather(torch.tensor([nodes], device=device)).sum())
         if total == 0 and not self._found_pairs:  # nothing to learn from since the start: say what to change

@@ -1,0 +1,317 @@
+"""Iterative MADPO through one `Trainer.train`: `MultiAgentIterativeDPOConfig` / `MultiAgentIterativeDPOTrainer`.
+
+A run is `num_train_epochs` rounds (TRL's epochs). At the start of each round the current agents play every training
+prompt twice, once as the policy (K = `num_generations` joint candidates) and once as the comparator (K' =
+`comparator_num_generations`); `comparison_records` pairs them index by index (`replay.comparison_pairs`), the round's
+pairs are written to `replay_dir/iteration_XXXX.json` and the round trains on the pairs `replay_mode` draws from the
+shards (`replay.replay_selection`). The round's generation batches then take their pair rows from those pairs instead
+of from their own candidates: the same rows per batch as `MultiAgentDPOTrainer` (`nodes * pairs_per_prompt` rounded to
+whole steps), served in a shuffled order and cycled when the round has fewer pairs than that.
+
+Everything else is Trainer's, over the whole run: one optimizer, one learning-rate schedule, one `global_step`,
+callbacks, gradient accumulation, logging, checkpoints. Resuming inside a round reloads that round's shard (its pairs
+are not drawn again) and draws the replay sample again.
+
+Single process only for now: the round's candidates are played on each process's own prompts and the pairs would
+need gathering (`accelerate.utils.gather_object`) before the replay draw.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .config import MultiAgentDPOConfig
+from .replay import (
+    REPLAY_MODE_ALIASES,
+    REPLAY_MODES,
+    ReplayShard,
+    canonical,
+    comparison_pairs,
+    load_records,
+    replay_selection,
+    write_shard,
+)
+from .trainer import MultiAgentDPOTrainer
+
+COMPARATORS = ("current",)  # "model" and "history" (CoMLRL's) are not built yet
+
+
+@dataclass
+class IterativeRoundFields:
+    """The round fields (documented on `MultiAgentIterativeDPOConfig`) and their checks, for any config whose trainer
+    mixes in `IterativeRounds` (iterative MADPO here; iterative MARLHF can take the same). A config mixes them in
+    before its base config and calls `check_round_fields()` in its `__post_init__`."""
+
+    comparator: str = field(default="current", metadata={"help": "The comparator: 'current'."})
+    comparator_num_generations: int | None = field(
+        default=None, metadata={"help": "K', the comparator's candidates per prompt; None: num_generations."}
+    )
+    replay_mode: str = field(
+        default="current", metadata={"help": "'current', 'nearest_k', 'all_history' or 'lambda_decay'."}
+    )
+    replay_k: int | None = field(default=None, metadata={"help": "Shards 'nearest_k' replays."})
+    replay_lambda: float | None = field(default=None, metadata={"help": "'lambda_decay''s lambda in [0, 1]."})
+    replay_sample_size: int | None = field(default=None, metadata={"help": "Pairs a replay draws."})
+    replay_dir: str | None = field(default=None, metadata={"help": "Shard folder (None: output_dir/...)."})
+
+    def check_round_fields(self) -> None:
+        """Raise on a round field that is not allowed or not built, naming it."""
+        if self.comparator not in COMPARATORS:
+            raise NotImplementedError(
+                f"`comparator={self.comparator!r}`: only 'current' is built ('model' and 'history' are not yet)."
+            )
+        if self.comparator_num_generations is not None and self.comparator_num_generations < 1:
+            raise ValueError(f"`comparator_num_generations` must be >= 1, got {self.comparator_num_generations}.")
+        self.replay_mode = canonical(self.replay_mode, "replay_mode", REPLAY_MODES, REPLAY_MODE_ALIASES, "current")
+        if self.replay_mode == "nearest_k" and (self.replay_k is None or self.replay_k < 1):
+            raise ValueError("`replay_mode='nearest_k'` needs `replay_k` >= 1 (the newest shards to replay).")
+        if self.replay_mode == "lambda_decay" and not (
+            self.replay_lambda is not None and 0.0 <= self.replay_lambda <= 1.0
+        ):
+            raise ValueError("`replay_mode='lambda_decay'` needs `replay_lambda` in [0, 1].")
+        if self.replay_sample_size is not None and self.replay_sample_size < 1:
+            raise ValueError(f"`replay_sample_size` must be at least 1 or None, got {self.replay_sample_size}.")
+
+
+@dataclass
+class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
+    r"""
+    Configuration for `MultiAgentIterativeDPOTrainer`: every `MultiAgentDPOConfig` field, plus the round fields.
+
+    `num_train_epochs` is the number of rounds: each round draws fresh pairs (current policy against the comparator)
+    over the whole training set and trains one epoch on them.
+
+    Parameters:
+        comparator (`str`, *optional*, defaults to `"current"`):
+            Who the current policy's candidates are compared with: `"current"` (another draw of the same agents).
+        comparator_num_generations (`int` or `None`, *optional*, defaults to `None`):
+            K', the comparator's joint candidates per prompt (`None`: `num_generations`). Pairs are index-aligned,
+            so `min(K, K')` comparisons per prompt.
+        replay_mode (`str`, *optional*, defaults to `"current"`):
+            Which pairs a round trains on: `"current"` (its own), `"nearest_k"`, `"all_history"`, `"lambda_decay"`
+            (a sample of the shards, see `multiagent_trl.preference.replay`).
+        replay_k (`int` or `None`): the newest shards `"nearest_k"` draws from.
+        replay_lambda (`float` or `None`): `"lambda_decay"`'s decay in [0, 1].
+        replay_sample_size (`int` or `None`): the pairs a replay draws (`None`: the round's own count).
+        replay_dir (`str` or `None`, *optional*, defaults to `None`):
+            Where the rounds' shards go (`None`: `output_dir/preference_replay`).
+    """
+
+    def __post_init__(self):
+        self.check_round_fields()
+        super().__post_init__()
+
+
+def candidate_sets(level, width: int, reward_weights: torch.Tensor) -> list[dict[str, Any]]:
+    """Per row of a played `rollout.tree.Level` (`MultiAgentGRPOTrainer.sample`): each agent's prompt, its `width`
+    completions (text and token ids), the joint rewards of the aligned candidates (after the reward processor) and
+    the raw ones (the weighted sum of the reward functions)."""
+    nodes = len(level.nodes)
+    processed = level.joint.view(-1, width)[:nodes].tolist()
+    per_func = level.rewards_per_func.to(reward_weights.device)
+    raw = (per_func * reward_weights).nansum(dim=1).view(-1, width)[:nodes].tolist()
+    out = []
+    for n in range(nodes):
+        rows = range(n * width, (n + 1) * width)
+        rollouts = level.rollouts
+        out.append(
+            {
+                "prompts": [level.nodes[n].prompts[i] for i in range(len(rollouts))],
+                "prompt_ids": [rollout.prompt_ids[rows[0]] for rollout in rollouts],
+                "completions": [[rollout.completions[r] for r in rows] for rollout in rollouts],  # (agents, K)
+                "completion_ids": [[rollout.completion_ids[r] for r in rows] for rollout in rollouts],
+                "rewards": processed[n],
+                "raw": raw[n],
+            }
+        )
+    return out
+
+
+def comparison_records(
+    current: dict, comparator: dict, pair_selection: str, pairs_per_sample: int | None
+) -> list[dict[str, Any]]:
+    """One prompt's pairs of the current policy against the comparator (`replay.comparison_pairs`) as CoMLRL's JSON
+    records, with the sampled token ids (`token_ids`: `prompt`, `winner`, `loser`, one entry per agent)."""
+    pairs = comparison_pairs(current["rewards"], comparator["rewards"], pair_selection, pairs_per_sample)
+    sources = {"current": current, "comparator": comparator}
+    everything = current["rewards"] + comparator["rewards"]
+    mean = sum(everything) / len(everything) if everything else 0.0
+    records = []
+    for (win_source, win), (lose_source, lose) in pairs:
+        winner, loser = sources[win_source], sources[lose_source]
+        target = win if win_source == "current" else lose
+        records.append(
+            {
+                "prompts": list(current["prompts"]),
+                "winner_completions": [c[win] for c in winner["completions"]],
+                "loser_completions": [c[lose] for c in loser["completions"]],
+                "winner_reward": float(winner["rewards"][win]),
+                "loser_reward": float(loser["rewards"][lose]),
+                "candidate_reward_mean": float(mean),
+                "raw_rewards": [float(winner["raw"][win]), float(loser["raw"][lose])],
+                "target_raw_reward": float(current["raw"][target]),
+                "comparator_raw_reward": float(comparator["raw"][target]),
+                "token_ids": {
+                    "prompt": current["prompt_ids"],
+                    "winner": [ids[win] for ids in winner["completion_ids"]],
+                    "loser": [ids[lose] for ids in loser["completion_ids"]],
+                },
+            }
+        )
+    return records
+
+
+def record_tokens(record: dict) -> list[tuple[list[int], list[int], list[int]]]:
+    """Each agent's `(prompt, winner, loser)` token ids of a record written by `comparison_records`."""
+    ids = record["token_ids"]
+    return list(zip(ids["prompt"], ids["winner"], ids["loser"], strict=True))
+
+
+class IterativeRounds:
+    """The round machinery, for a team trainer (`MultiAgentGRPOTrainer` subclass) whose config has the
+    `IterativeRoundFields`: `round_pairs_for(epoch)` draws (or reloads) round `epoch`'s pairs the first time it is
+    asked for them, writes the shard and returns the replay selection. A round is one of Trainer's epochs, so the
+    optimizer, the schedule and `global_step` are Trainer's over every round. Iterative MADPO trains on the pairs
+    (`MultiAgentIterativeDPOTrainer`); iterative MARLHF can train its reward model on them."""
+
+    round_index: int = -1  # the round whose pairs are being served
+    round_pairs: Sequence[dict] = ()  # the round's training pairs (a list once drawn)
+
+    def round_pairs_for(self, epoch: int) -> list[dict[str, Any]]:
+        """Round `epoch`'s training pairs (0-based), drawn at its first call."""
+        if epoch != self.round_index:
+            self._start_round(epoch)
+        return self.round_pairs
+
+    @property
+    def replay_dir(self) -> str:
+        """Where the rounds' shards are written: `args.replay_dir`, else `output_dir/preference_replay`."""
+        return self.args.replay_dir or os.path.join(self.args.output_dir, "preference_replay")
+
+    def _shards(self, upto: int) -> list[ReplayShard]:
+        """The history of shards on disk, rounds `1..upto` (1-based), those with pairs."""
+        shards = []
+        for it in range(1, upto + 1):
+            path = os.path.join(self.replay_dir, f"iteration_{it:04d}.json")
+            if os.path.exists(path):
+                count = len(load_records(ReplayShard(it, path, 0)))
+                if count:
+                    shards.append(ReplayShard(it, path, count))
+        return shards
+
+    @torch.no_grad()
+    def draw_round_pairs(self) -> list[dict[str, Any]]:
+        """The current policy's pairs against the comparator over the whole training set (one record per pair),
+        with what the sampling records kept out of the training logs."""
+        args = self.args
+        width = args.num_generations
+        comparator_width = args.comparator_num_generations or width
+        rows = [dict(row) for row in self.train_dataset]
+        chunk = max(args.generation_batch_size // width, 1)
+        records = []
+        with self.metrics_aside():
+            for start in range(0, len(rows), chunk):
+                items = rows[start : start + chunk]
+                current = candidate_sets(self.sample(items, width), width, self.reward_weights)
+                theirs = candidate_sets(self.sample(items, comparator_width), comparator_width, self.reward_weights)
+                for mine, other in zip(current, theirs):
+                    records += comparison_records(mine, other, args.pair_selection, args.preference_pairs_per_sample)
+        return records
+
+    def _start_round(self, index: int) -> None:
+        """Draw (or, resuming, reload) round `index`'s pairs, write its shard and pick the training pairs."""
+        args = self.args
+        path = os.path.join(self.replay_dir, f"iteration_{index + 1:04d}.json")
+        if os.path.exists(path) and self.round_index < 0:  # resumed inside this round: its pairs are on disk
+            current = load_records(ReplayShard(index + 1, path, 0))
+        else:
+            current = self.draw_round_pairs()
+            write_shard(self.replay_dir, index + 1, current)
+        train_pairs = replay_selection(
+            args.replay_mode,
+            current,
+            self._shards(index + 1),
+            args.replay_k,
+            args.replay_lambda,
+            args.replay_sample_size,
+        )
+        if not train_pairs:
+            raise ValueError(
+                f"Round {index + 1} has no preference pair: every comparison tied. Raise `num_generations`, sample "
+                "more diversely (`temperature`), or use a reward that separates the candidates."
+            )
+        random.Random(args.seed + index).shuffle(train_pairs)
+        self.round_index, self.round_pairs = index, train_pairs
+        metrics = self._metrics["train"]
+        metrics["round/index"].append(float(index + 1))
+        metrics["round/pairs"].append(float(len(current)))
+        metrics["round/train_pairs"].append(float(len(train_pairs)))
+
+
+class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
+    """Iterative MADPO: rounds of pairs of the current policy against a comparator, with replay, trained by one
+    `Trainer.train` (see the module docstring). Takes every `MultiAgentDPOTrainer` argument; `args` is a
+    `MultiAgentIterativeDPOConfig`.
+
+    What differs from `MultiAgentDPOTrainer`: `_generate_and_score_completions` (training) serves the current round's
+    pairs, drawing the round first when a new epoch began. Logs `round/index`, `round/pairs`, `round/train_pairs`.
+    """
+
+    _tag_names = ["trl", "dpo", "multiagent-trl", "madpo", "iterative"]
+    _name = "Iterative MADPO"
+
+    def __init__(self, *args, **kwargs):
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if config is not None and not isinstance(config, MultiAgentIterativeDPOConfig):
+            raise TypeError(
+                f"`args` is a {type(config).__name__}; MultiAgentIterativeDPOTrainer needs a "
+                "MultiAgentIterativeDPOConfig (every MultiAgentDPOConfig field, plus the round fields)."
+            )
+        if config is None:
+            kwargs["args"] = MultiAgentIterativeDPOConfig(output_dir="madpo-iterative-output")
+        super().__init__(*args, **kwargs)
+        if self.accelerator.num_processes > 1:
+            raise NotImplementedError(
+                "MultiAgentIterativeDPOTrainer runs in one process for now: a round's pairs are not gathered across "
+                "processes yet. Use MultiAgentDPOTrainer for distributed runs."
+            )
+        self._round_cursor = (-1, 0)  # (round, pairs served in it)
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        if self._first_train_row is None:
+            self._first_train_row = dict(inputs[0])
+        index = int(self.state.epoch or 0)  # a round is an epoch: Trainer counts them, resumes included
+        round_pairs = self.round_pairs_for(index)
+        if self._round_cursor[0] != index:
+            self._round_cursor = (index, 0)
+        served = self._round_cursor[1]
+        # As many rows as MultiAgentDPOTrainer's batch of these prompts: whole optimizer steps.
+        steps = self.args.pair_steps
+        nodes = len(inputs) // self.num_generations
+        slots = -(-nodes * self.args.pairs_per_prompt // steps) * steps
+        batch = []
+        for k in range(slots):  # the round's pairs in order, cycled
+            batch.append(round_pairs[(served + k) % len(round_pairs)])
+        self._round_cursor = (index, served + slots)
+        weight = torch.ones(slots, device=self.accelerator.device)
+        self._metrics["train"]["pairs/trained"].append(float(slots))
+        return self._preference_rows([record_tokens(r) for r in batch], weight)
+
+
+__all__ = [
+    "IterativeRoundFields",
+    "IterativeRounds",
+    "MultiAgentIterativeDPOConfig",
+    "MultiAgentIterativeDPOTrainer",
+    "candidate_sets",
+    "comparison_records",
+    "record_tokens",
+]

@@ -1,0 +1,112 @@
+"""Native iterative MADPO (`multiagent_trl.preference.iterative`): rounds of pairs against a comparator trained by one
+`Trainer.train`: one optimizer and one learning-rate schedule over every round, `global_step` the sum of the rounds'
+steps, callbacks on every step, gradient accumulation, replay shards, and checkpoint/resume inside the run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
+from multiagent_trl.testing import tiny_model_path
+
+from .conftest import small_args
+
+ROWS = 4
+
+
+def length_reward(completions1, completions2):
+    return [float(len(a) + 2 * len(b)) for a, b in zip(completions1, completions2)]
+
+
+class StepRecorder(TrainerCallback):
+    """Every optimizer step Trainer reports, with the learning rate the scheduler gave it."""
+
+    def __init__(self):
+        self.steps, self.lrs = [], []
+
+    def on_step_end(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        self.steps.append(state.global_step)
+        self.lrs.append(lr_scheduler.get_last_lr()[0])
+
+
+def build(tmp_path, rounds=3, callbacks=None, **overrides):
+    settings = dict(
+        num_agents=2,
+        num_train_epochs=rounds,
+        max_steps=-1,
+        per_device_train_batch_size=4,
+        steps_per_generation=2,  # 8 completions: 2 prompts per generation batch, 2 generation batches per round
+        preference_pairs_per_sample=2,
+        lr_scheduler_type="linear",
+    )
+    settings.update(overrides)
+    args = small_args(tmp_path, MultiAgentIterativeDPOConfig, **settings)
+    return MultiAgentIterativeDPOTrainer(
+        model=tiny_model_path(),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": [f"Row {i}: say something." for i in range(ROWS)]}),
+        callbacks=callbacks,
+    )
+
+
+def test_one_schedule_and_step_count_over_every_round(tmp_path):
+    recorder = StepRecorder()
+    trainer = build(tmp_path, rounds=3, callbacks=[recorder])
+    optimizer_ids = set()
+
+    class Optimizers(TrainerCallback):
+        def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+            optimizer_ids.add(id(optimizer))
+
+    trainer.add_callback(Optimizers())
+    trainer.train()
+    # 2 generation batches per round, 2 optimizer steps each: 4 steps a round, 12 over the run.
+    assert trainer.state.global_step == 12
+    assert recorder.steps == list(range(1, 13))  # the callback saw every step, numbered once over the run
+    assert len(optimizer_ids) == 1
+    # One linear decay from the first step to the last: no restart at a round boundary.
+    lr0 = trainer.args.learning_rate
+    expected = [lr0 * (1 - s / 12) for s in range(1, 13)]
+    assert recorder.lrs == pytest.approx(expected, rel=1e-6)
+    rounds = [e["round/index"] for e in trainer.state.log_history if "round/index" in e]
+    assert rounds == [1.0, 2.0, 3.0]
+    shards = sorted(os.listdir(os.path.join(trainer.args.output_dir, "preference_replay")))
+    assert shards == ["iteration_0001.json", "iteration_0002.json", "iteration_0003.json"]
+    with open(os.path.join(trainer.args.output_dir, "preference_replay", shards[0])) as handle:
+        assert json.load(handle)["num_pairs"] > 0
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
+    recorder = StepRecorder()
+    trainer = build(tmp_path, rounds=2, callbacks=[recorder], gradient_accumulation_steps=2)
+    trainer.train()
+    # 4 micro-batches a round, 2 per optimizer step: 2 steps a round.
+    assert trainer.state.global_step == 4
+    assert recorder.steps == [1, 2, 3, 4]
+
+
+def test_resume_inside_the_run(tmp_path):
+    trainer = build(tmp_path, rounds=2, save_strategy="steps", save_steps=2)
+    trainer.train()
+    assert trainer.state.global_step == 8
+    checkpoint = os.path.join(trainer.args.output_dir, "checkpoint-6")  # in the middle of round 2
+    assert os.path.isdir(checkpoint)
+    recorder = StepRecorder()
+    resumed = build(tmp_path, rounds=2, callbacks=[recorder], save_strategy="steps", save_steps=2)
+    resumed.train(resume_from_checkpoint=checkpoint)
+    assert recorder.steps == [7, 8]
+    assert resumed.state.global_step == 8
+    assert resumed.round_index == 1  # the interrupted round's pairs came back from its shard
+
+
+def test_comparator_not_built_is_refused(tmp_path):
+    with pytest.raises(NotImplementedError, match="comparator"):
+        small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator="model")
+    with pytest.raises(ValueError, match="replay_k"):
+        small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, replay_mode="nearest_k")
