@@ -13,6 +13,8 @@ import pytest
 import torch
 from transformers.trainer_utils import get_last_checkpoint
 
+from multiagent_trl import JointRewardModel
+
 SCRIPT = Path(__file__).parent / "scripts" / "kill_resume.py"
 MAX_STEPS = 6  # the script's; it saves every 2 steps
 TIMEOUT = 300
@@ -109,3 +111,56 @@ def test_killed_during_a_save_resumes_from_the_previous_checkpoint(tmp_path, str
     assert_same_weights(tmp_path, straight(kind))
     # The unfinished save's files are gone; the checkpoints are the uninterrupted run's.
     assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+
+
+RLHF_SCRIPT = Path(__file__).parent / "scripts" / "rlhf_kill_resume.py"
+
+
+def start_rlhf(out_dir: Path, mode: str) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    with open(out_dir / f"{mode}.log", "w") as log:
+        command = [sys.executable, str(RLHF_SCRIPT), str(out_dir), mode]
+        return subprocess.Popen(command, stdout=log, stderr=log, env=env)
+
+
+def run_rlhf(out_dir: Path, mode: str) -> dict:
+    process = start_rlhf(out_dir, mode)
+    try:
+        assert process.wait(timeout=TIMEOUT) == 0, log_tail(out_dir, mode)
+    finally:
+        process.kill()
+    return json.loads((out_dir / "result.json").read_text())
+
+
+def test_native_rlhf_killed_mid_run_resumes_with_its_reward_model(tmp_path_factory):
+    """docs/preference.md's MultiAgentRLHFTrainer recipe, killed with SIGKILL after a checkpoint: the resumed process
+    loads the reward model that checkpoint holds (it trains none) and ends where an uninterrupted run ends."""
+    straight_dir, killed_dir = tmp_path_factory.mktemp("rlhf-straight"), tmp_path_factory.mktemp("rlhf-killed")
+    straight = run_rlhf(straight_dir, "straight")
+    assert straight["reward_model_steps"] > 0 and straight["steps"] == list(range(1, MAX_STEPS + 1))
+
+    process = start_rlhf(killed_dir, "slow")
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (killed_dir / "run" / "checkpoint-2").is_dir():
+            assert process.poll() is None, "ended before its first checkpoint:\n" + log_tail(killed_dir, "slow")
+            assert time.monotonic() < deadline, "no checkpoint-2 in time"
+            time.sleep(0.05)
+        assert process.poll() is None, "the run ended before it could be killed"
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        process.kill()
+    assert not (killed_dir / "result.json").exists()
+
+    last = get_last_checkpoint(str(killed_dir / "run"))
+    saved = JointRewardModel.from_pretrained(os.path.join(last, "reward_model")).state_dict()
+    result = run_rlhf(killed_dir, "resume")
+    assert result["steps"] == list(range(checkpoint_step(last) + 1, MAX_STEPS + 1)), "did not resume from " + last
+    assert result["reward_model_steps"] == 0  # restored from the checkpoint, not trained again
+    reward_model = torch.load(killed_dir / "reward_model.pt")
+    for name, value in saved.items():
+        torch.testing.assert_close(reward_model[name], value, msg=name)
+    for name, value in torch.load(straight_dir / "reward_model.pt").items():
+        torch.testing.assert_close(reward_model[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert_same_weights(killed_dir, torch.load(straight_dir / "weights.pt"))
