@@ -423,9 +423,10 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             ]
             for key, value in (self.rollout_metrics(samples) or {}).items():
                 try:
-                    self._metrics[mode][str(key)].append(float(value))
+                    value = float(value)
                 except (TypeError, ValueError):
                     continue
+                self._metrics[mode][str(key)].append(value)
 
     def _agent_critic_inputs(self, output: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """An agent's rows as its critic reads them: prompt then completion ids, mask, and the value's position."""

@@ -23,7 +23,7 @@ from .fields import (
     CoMLRLOptimization,
     check_fields,
     check_parallel,
-    comlrl_batch_sizes,
+    comlrl_config,
     confirm_devices,
     device_list,
     map_shared,
@@ -33,7 +33,7 @@ from .fields import (
 CRITIC_MODEL_CONFIG_KEYS = ("critic_model_kwargs", "critic_value_head_hidden_dim")
 
 
-@comlrl_batch_sizes
+@comlrl_config("IACConfig")
 @dataclass
 class _ActorCriticFields(CoMLRLOptimization, ActorCriticConfig):
     """The fields IAC and MAAC share, with CoMLRL 1.4.3's defaults, and their mapping onto the core."""
@@ -124,6 +124,7 @@ class _ActorCriticFields(CoMLRLOptimization, ActorCriticConfig):
         return not self.joint_critic
 
 
+@comlrl_config("IACConfig")
 @dataclass
 class IACConfig(_ActorCriticFields):
     """`ActorCriticConfig` accepting every field of CoMLRL 1.4.3's `IACConfig`, with its defaults and checks (the

@@ -204,22 +204,27 @@ def check_accelerate_device(name: str, spec, device: torch.device) -> None:
         )
 
 
-def comlrl_batch_sizes(config_cls: type) -> type:
-    """A CoMLRL config class finished from the table: each CoMLRL field declared without a help text gets its row's
-    `native` column as one (what `--help` prints), and CoMLRL's `train_batch_size` and `eval_batch_size` become
-    properties: `TrainingArguments` reads the same names as the batch sizes Trainer loads, so reading keeps
-    Trainer's meaning and assigning (the dataclass `__init__` does) stores CoMLRL's value under `comlrl_<name>`."""
-    rows = {row.name: row for family in FAMILIES.values() for row in family}
-    for name, declared in config_cls.__dataclass_fields__.items():
-        if name in rows and "help" not in declared.metadata:
-            declared.metadata = MappingProxyType(
-                {**declared.metadata, "help": f"CoMLRL's; here: {rows[name].native}."}
-            )
-    for name in STORED_AS:
-        trainer_property = getattr(TrainingArguments, name)
+def comlrl_config(family: str):
+    """Decorator finishing a CoMLRL config class of `family` from the table: each of the family's fields declared
+    without a help text gets its row's `native` column as one (what `--help` prints), and CoMLRL's `train_batch_size`
+    and `eval_batch_size` become properties: `TrainingArguments` reads the same names as the batch sizes Trainer
+    loads, so reading keeps Trainer's meaning and assigning (the dataclass `__init__` does) stores CoMLRL's value
+    under `comlrl_<name>`."""
 
-        def setter(self, value, name=name):
-            self.__dict__[f"comlrl_{name}"] = value
+    def finish(config_cls: type) -> type:
+        declared = config_cls.__dataclass_fields__
+        for row in FAMILIES[family]:  # the class's own fields only: an inherited one is the native config's too
+            if row.name in vars(config_cls).get("__annotations__", {}) and "help" not in declared[row.name].metadata:
+                text = f"CoMLRL's; here: {row.native}."
+                declared[row.name].metadata = MappingProxyType({**declared[row.name].metadata, "help": text})
+        for name in STORED_AS:
+            trainer_property = getattr(TrainingArguments, name)
 
-        setattr(config_cls, name, property(trainer_property.fget, setter, doc=f"Trainer's; CoMLRL's: comlrl_{name}."))
-    return config_cls
+            def setter(self, value, name=name):
+                self.__dict__[f"comlrl_{name}"] = value
+
+            doc = f"Trainer's; CoMLRL's: comlrl_{name}."
+            setattr(config_cls, name, property(trainer_property.fget, setter, doc=doc))
+        return config_cls
+
+    return finish

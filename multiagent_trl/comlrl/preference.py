@@ -17,7 +17,7 @@ from ..preference.trainer import DPO_TAG_NAMES, MultiAgentDPOTrainer
 from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
 from ..rollout.evaluation import EvalTrajectories, role_trajectories
 from .behaviour import centralized_team, decay_every_parameter, one_actor
-from .fields import CoMLRLOptimization, check_fields, check_parallel, comlrl_batch_sizes, confirm_devices, map_shared
+from .fields import CoMLRLOptimization, check_fields, check_parallel, comlrl_config, confirm_devices, map_shared
 from .reinforce import MAGRPOTrainer
 
 _one_actor = one_actor  # the name `marlhf` imports
@@ -38,7 +38,7 @@ UNUSED_FIELDS = {
 }
 
 
-@comlrl_batch_sizes
+@comlrl_config("MADPOConfig")
 @dataclass
 class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
     """`MultiAgentDPOConfig` accepting every field of CoMLRL 1.4.3's `MADPOConfig`, with its defaults and checks

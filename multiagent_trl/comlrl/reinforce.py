@@ -14,7 +14,7 @@ from ..config import MultiAgentGRPOConfig
 from ..rollout.evaluation import EvalTrajectories, row_logger_metrics, turn_metrics
 from ..trainer import MultiAgentGRPOTrainer
 from .behaviour import CoMLRLBehaviour, agent_sources, apply_model_config, one_of
-from .fields import check_fields, check_parallel, comlrl_batch_sizes, confirm_devices, device_list, map_shared
+from .fields import check_fields, check_parallel, comlrl_config, confirm_devices, device_list, map_shared
 
 logger = logging.getLogger(__name__)
 _one_of = one_of  # the name `marlhf` imports
@@ -39,7 +39,7 @@ COMLRL_TWINS = {
 }
 
 
-@comlrl_batch_sizes
+@comlrl_config("MAGRPOConfig")
 @dataclass
 class MAGRPOConfig(MultiAgentGRPOConfig):
     """`MultiAgentGRPOConfig` accepting every field of CoMLRL 1.4.3's `MAGRPOConfig`, with its defaults and checks
@@ -61,6 +61,7 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
     agent_learning_rate: float | None = 5e-6
     max_new_tokens: int | None = 256
     early_termination_threshold: float | None = -0.2
+    discount: float = 1.0
     ended_return: str = field(
         default="reward",
         metadata={"help": "An ended node returns its reward alone (CoMLRL's sum).", "choices": ["stand", "reward"]},
