@@ -21,6 +21,7 @@ from ..rollout.turns import FormattedTransition, first_turn_formatters, listed_f
 from .behaviour import CoMLRLBehaviour, agent_sources, apply_model_config, decay_every_parameter
 from .fields import (
     CoMLRLOptimization,
+    CoMLRLShared,
     check_fields,
     check_parallel,
     comlrl_config,
@@ -35,34 +36,23 @@ CRITIC_MODEL_CONFIG_KEYS = ("critic_model_kwargs", "critic_value_head_hidden_dim
 
 @comlrl_config("IACConfig")
 @dataclass
-class _ActorCriticFields(CoMLRLOptimization, ActorCriticConfig):
+class _ActorCriticFields(CoMLRLOptimization, CoMLRLShared, ActorCriticConfig):
     """The fields IAC and MAAC share, with CoMLRL 1.4.3's defaults, and their mapping onto the core."""
 
     output_dir: str | None = "ac_output"
     loss_type: str = field(default="luspo", metadata={"help": "'luspo' at ratio 1: CoMLRL's mean(-logp * A)."})
     disable_dropout: bool = field(default=True, metadata={"help": "No dropout (CoMLRL's models stay in eval mode)."})
-    agent_learning_rate: float = 5e-6
     critic_learning_rate: float | None = 5e-6
     rollout_buffer_size: int = 8
-    train_batch_size: int | None = None
     value_loss_coef: float = 0.6
     advantage_normalization: bool = True
-    max_new_tokens: int = 256
-    temperature: float = 0.6
-    top_p: float = 0.6
     top_k: int | None = None
     num_train_epochs: float = 40
     critic_type: str = "v"
-    num_agents: int | None = 2
     num_turns: int = 2
-    parallel_training: str = "none"
-    agent_devices: list[str] | None = None
     critic_devices: list[str] | None = None
     discount: float = 1.0
     num_generations: int | None = 1
-    eval_interval: int = 16
-    eval_num_samples: int = 4
-    eval_batch_size: int = 1
     early_termination_threshold: float | None = -0.2
     logging_steps: float = 1
     ended_return: str = field(default="reward", metadata={"help": "A last turn's target is its reward (CoMLRL)."})

@@ -141,6 +141,26 @@ class CoMLRLOptimization:
     shuffle_dataset: bool = field(default=False, metadata={"help": "Shuffle the dataset (CoMLRL: dataset order)."})
 
 
+@dataclass
+class CoMLRLShared:
+    """The fields of the table's `SHARED` rows, with the defaults every CoMLRL config has (a family declares its own
+    where its default differs). Listed before the core config among a config's bases, so that these win."""
+
+    agent_learning_rate: float | None = 5e-6
+    max_new_tokens: int | None = 256
+    num_agents: int | None = 2
+    temperature: float = 0.6
+    top_p: float = 0.6
+    top_k: int | None = 50
+    rollout_buffer_size: int = 2
+    train_batch_size: int | None = None
+    eval_interval: int = 16
+    eval_num_samples: int = 4
+    eval_batch_size: int = 1
+    parallel_training: str = "none"
+    agent_devices: list[str] | None = None
+
+
 def check_parallel(config, *device_fields: str) -> None:
     """`parallel_training="mp"` needs each of `device_fields` (one device per agent, or 'auto')."""
     for name in device_fields if config.parallel_training == "mp" else ():
@@ -213,8 +233,14 @@ def comlrl_config(family: str):
 
     def finish(config_cls: type) -> type:
         declared = config_cls.__dataclass_fields__
-        for row in FAMILIES[family]:  # the class's own fields only: an inherited one is the native config's too
-            if row.name in vars(config_cls).get("__annotations__", {}) and "help" not in declared[row.name].metadata:
+        ours = {
+            name
+            for c in config_cls.__mro__
+            if c.__module__.startswith(__package__)
+            for name in vars(c).get("__annotations__", {})
+        }
+        for row in FAMILIES[family]:  # CoMLRL's own fields only: an inherited one is the native config's too
+            if row.name in ours and "help" not in declared[row.name].metadata:
                 text = f"CoMLRL's; here: {row.native}."
                 declared[row.name].metadata = MappingProxyType({**declared[row.name].metadata, "help": text})
         for name in STORED_AS:

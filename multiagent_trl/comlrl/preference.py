@@ -4,6 +4,7 @@ deliberate differences from CoMLRL."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -17,30 +18,30 @@ from ..preference.trainer import DPO_TAG_NAMES, MultiAgentDPOTrainer
 from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
 from ..rollout.evaluation import EvalTrajectories, role_trajectories
 from .behaviour import centralized_team, decay_every_parameter, one_actor
-from .fields import CoMLRLOptimization, check_fields, check_parallel, comlrl_config, confirm_devices, map_shared
+from .fields import (
+    CoMLRLOptimization,
+    CoMLRLShared,
+    check_fields,
+    check_parallel,
+    comlrl_config,
+    confirm_devices,
+    map_shared,
+)
 from .reinforce import MAGRPOTrainer
 
 _one_actor = one_actor  # the name `marlhf` imports
 logger = logging.getLogger(__name__)
 
 # MAGRPO's fields that CoMLRL's MADPOConfig accepts and its MADPO never reads (single turn, no advantages, the W&B
-# x-axis), with their defaults: accepted here too, with a warning when set to something else.
-UNUSED_FIELDS = {
-    "discount": 1.0,
-    "early_termination_threshold": None,
-    "external_prompt_passthrough": False,
-    "advantage_normalization": True,
-    "advantage_mode": "mean",
-    "reference_kl_coef": 0.1,
-    "reference_devices": None,
-    "use_environment_step": True,
-    "environment_steps_per_pair": 2,
-}
+# x-axis): accepted here too, with a warning when set to another value than `MADPOConfig`'s default.
+UNUSED_FIELDS = ("discount", "early_termination_threshold", "external_prompt_passthrough", "advantage_normalization")
+UNUSED_FIELDS += ("advantage_mode", "reference_kl_coef", "reference_devices", "use_environment_step")
+UNUSED_FIELDS += ("environment_steps_per_pair",)
 
 
 @comlrl_config("MADPOConfig")
 @dataclass
-class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
+class MADPOConfig(CoMLRLOptimization, CoMLRLShared, MultiAgentDPOConfig):
     """`MultiAgentDPOConfig` accepting every field of CoMLRL 1.4.3's `MADPOConfig`, with its defaults and checks
     (the table `fields.FAMILIES["MADPOConfig"]`, rendered in `docs/comlrl-users.md`). With
     `collaboration_mode="centralized"`, `num_agents` counts the roles and per-agent settings are the one model's."""
@@ -48,26 +49,13 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
     output_dir: str | None = "madpo_output"
     # CoMLRL 1.4.3's fields, in its order; `UNUSED_FIELDS` are accepted and unused, as in CoMLRL's MADPO.
     num_train_epochs: float = 20
-    agent_learning_rate: float = 5e-6
     logging_steps: float = 50
-    num_agents: int | None = 2
     collaboration_mode: str = "decentralized"
-    parallel_training: str = "none"
-    agent_devices: list[str] | None = None
-    max_new_tokens: int = 256
-    temperature: float = 0.6
-    top_p: float = 0.6
-    top_k: int | None = 50
     num_turns: int = 1
     discount: float = 1.0
     joint_mode: str = "aligned"
     early_termination_threshold: float | None = None
     external_prompt_passthrough: bool = False
-    eval_interval: int = 16
-    eval_num_samples: int = 4
-    eval_batch_size: int = 1
-    rollout_buffer_size: int = 2
-    train_batch_size: int | None = None
     advantage_normalization: bool = True
     advantage_mode: str = "mean"
     reference_kl_enabled: bool = False
@@ -120,9 +108,8 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
         rest), raised before anything is mapped."""
         check_fields(self, "MADPOConfig")
         check_parallel(self, "agent_devices")
-        if (
-            self.collaboration_mode == "centralized"
-        ):  # CoMLRL's checks of the iterative configs' comparator fields, where they exist
+        # CoMLRL's checks of the iterative configs' comparator fields, where they exist.
+        if self.collaboration_mode == "centralized":
             if getattr(self, "comparator_centralized_agent_index", 0) != 0:
                 raise ValueError(
                     "Centralized collaboration has one actor: `comparator_centralized_agent_index` must be 0, got "
@@ -138,8 +125,8 @@ class MADPOConfig(CoMLRLOptimization, MultiAgentDPOConfig):
             )
         if self.num_turns != 1:
             raise ValueError(f"MADPO supports `num_turns=1` only (as CoMLRL 1.4.3), got {self.num_turns}.")
-        values = {name: getattr(self, name) for name in UNUSED_FIELDS}
-        changed = {name: value for name, value in values.items() if value != UNUSED_FIELDS[name]}
+        defaults = {f.name: f.default for f in dataclasses.fields(MADPOConfig)}
+        changed = {name: getattr(self, name) for name in UNUSED_FIELDS if getattr(self, name) != defaults[name]}
         if changed:
             logger.warning(
                 "MADPOConfig: %s have no effect on MADPO, as in CoMLRL 1.4.3 (single turn, no advantages; logging "

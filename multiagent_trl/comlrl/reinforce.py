@@ -14,7 +14,7 @@ from ..config import MultiAgentGRPOConfig
 from ..rollout.evaluation import EvalTrajectories, row_logger_metrics, turn_metrics
 from ..trainer import MultiAgentGRPOTrainer
 from .behaviour import CoMLRLBehaviour, agent_sources, apply_model_config, one_of
-from .fields import check_fields, check_parallel, comlrl_config, confirm_devices, device_list, map_shared
+from .fields import CoMLRLShared, check_fields, check_parallel, comlrl_config, confirm_devices, device_list, map_shared
 
 logger = logging.getLogger(__name__)
 _one_of = one_of  # the name `marlhf` imports
@@ -41,7 +41,7 @@ COMLRL_TWINS = {
 
 @comlrl_config("MAGRPOConfig")
 @dataclass
-class MAGRPOConfig(MultiAgentGRPOConfig):
+class MAGRPOConfig(CoMLRLShared, MultiAgentGRPOConfig):
     """`MultiAgentGRPOConfig` accepting every field of CoMLRL 1.4.3's `MAGRPOConfig`, with its defaults and checks
     (the table `fields.FAMILIES["MAGRPOConfig"]`, rendered in `docs/comlrl-users.md`); a CoMLRL field that is set
     wins over its GRPO twin."""
@@ -49,17 +49,11 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
     output_dir: str | None = "magrpo_output"
     save_strategy: str = field(default="no", metadata={"help": "Checkpoints (CoMLRL: asked for in train())."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations (CoMLRL: no)."})
-    num_agents: int | None = 2
     num_train_epochs: float = 20
     logging_steps: float = 50
     num_generations: int | None = 4
-    temperature: float = 0.6
-    top_p: float = 0.6
-    top_k: int | None = 50
     num_turns: int = 2
     cross_credit: str = field(default="sum", metadata={"help": "joint_mode='cross': credit by the tuples' 'sum'."})
-    agent_learning_rate: float | None = 5e-6
-    max_new_tokens: int | None = 256
     early_termination_threshold: float | None = -0.2
     discount: float = 1.0
     ended_return: str = field(
@@ -68,15 +62,8 @@ class MAGRPOConfig(MultiAgentGRPOConfig):
     )
     advantage_normalization: bool = True
     advantage_mode: str = field(default="mean", metadata={"choices": list(ADVANTAGE_MODES)})
-    rollout_buffer_size: int = 2
-    train_batch_size: int | None = None
-    eval_interval: int = 16
-    eval_num_samples: int = 4
-    eval_batch_size: int = 1
     reference_kl_enabled: bool = False
     reference_kl_coef: float = 0.1
-    parallel_training: str = "none"
-    agent_devices: list[str] | None = None
     reference_devices: list[str] | None = None
 
     def __post_init__(self):
