@@ -843,3 +843,27 @@ def test_evaluate_takes_no_arguments_and_reports_comlrls_metrics(tmp_path, tiny_
     assert {"eval_turn_1/reward_mean", "eval_turn_1/expected_return", "eval_completion_chars"} <= set(metrics)
     with pytest.raises(ValueError, match="Training requires a dataset"):
         trainer.train()
+
+
+def test_native_rollout_metrics_are_called_per_item_and_logged(tmp_path, tiny_path, prompts_dataset):
+    """`ActorCriticTrainer(rollout_metrics=...)` (CoMLRL's `metrics_callback`, native): once per dataset item with
+    that item's samples of every agent and generation; the numbers' means are logged, other values dropped."""
+    calls = []
+
+    def rollout_metrics(samples):
+        calls.append([(s.agent_idx, s.metadata["generation_idx"]) for s in samples])
+        return {"samples_per_item": len(samples), "note": "not a number"}
+
+    trainer = ActorCriticTrainer(
+        model=tiny_path,
+        reward_funcs=parity_reward,
+        args=native_args(tmp_path, max_steps=1),
+        train_dataset=prompts_dataset,
+        rollout_metrics=rollout_metrics,
+    )
+    trainer.train()
+    assert len(calls) == 2  # 4 rows of 2 generations: 2 items
+    assert all(sorted(call) == [(0, 0), (0, 1), (1, 0), (1, 1)] for call in calls)
+    logged = [entry for entry in trainer.state.log_history if "samples_per_item" in entry]
+    assert logged[0]["samples_per_item"] == 4.0
+    assert all("note" not in entry for entry in trainer.state.log_history)

@@ -544,7 +544,8 @@ def test_auto_dtype_and_per_agent_tokenizers(tmp_path, tiny_path, prompts_datase
 
 
 def test_wandb_config_records_sections(tmp_path, tiny_path, prompts_dataset, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
+    wandb.teardown()  # wandb keeps the settings of an earlier run in this process (the client-script test's tags)
     monkeypatch.setenv("WANDB_MODE", "offline")
     for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_DIR", "WANDB_TAGS"):
         monkeypatch.delenv(name, raising=False)
@@ -564,8 +565,6 @@ def test_wandb_config_records_sections(tmp_path, tiny_path, prompts_dataset, mon
         wandb_config=wandb_config,
     )
     assert trainer.args.report_to == ["wandb"] and trainer.args.run_name == "run-1" and not trainer.verbose
-    import wandb
-
     try:
         trainer.train()
         run = wandb.run

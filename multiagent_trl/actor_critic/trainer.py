@@ -45,6 +45,7 @@ from .estimators import (
     value_positions,
     values_at,
 )
+from .samples import RolloutSample, episode_samples
 from .value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHead, model_config_of
 
 # Keys `_score_agents` adds to each agent's part of the batch; `_compute_loss` takes them out before TRL's loss.
@@ -141,6 +142,10 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             agent 0's).
         critic_peft_config (`PeftConfig`, *optional*):
             With `critic_kind="adapter"`: the critic adapters' LoRA config; `None` uses the agents' (`peft_config`).
+        rollout_metrics (callable, *optional*):
+            `rollout_metrics(samples) -> dict`, called once per dataset item of every played batch with that item's
+            `RolloutSample`s (every agent, every turn played); the mean over the items of each numeric value is
+            logged under its own name (CoMLRL's `metrics_callback`).
         **kwargs:
             Other `MultiAgentGRPOTrainer` arguments (`reward_processor`, `formatters`, ...).
 
@@ -190,8 +195,11 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
         critic_model: Any = None,
         critic_processing_class: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
         critic_peft_config: PeftConfig | None = None,
+        rollout_metrics: Callable[[list[RolloutSample]], dict[str, float]] | None = None,
         **kwargs,
     ):
+        self.rollout_metrics = rollout_metrics
+        self._batch_rows: list[dict] | None = None
         if args is None:
             args = ActorCriticConfig(output_dir="actor-critic-output")
         elif not isinstance(args, ActorCriticConfig):
@@ -387,7 +395,38 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             trained = ~torch.isnan(target_all)
             self._metrics[mode][f"{prefix}value_mean"].append(old_all.float()[trained].mean().item())
             self._metrics[mode][f"{prefix}value_target_mean"].append(torch.nanmean(target_all.float()).item())
+        if self.rollout_metrics is not None and self._batch_rows is not None:
+            self._log_rollout_metrics(batch, outputs, mode)
         return outputs
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
+        self._batch_rows = inputs  # the dataset rows, for `rollout_metrics`' `batch_item`
+        try:
+            return super()._generate_and_score_completions(inputs)
+        finally:
+            self._batch_rows = None
+
+    def _log_rollout_metrics(self, batch, outputs, mode: str) -> None:
+        """`rollout_metrics(samples)` once per dataset item, with that item's samples of every agent and turn; the
+        numeric values are logged (their mean over the items), the others dropped, as CoMLRL's `metrics_callback`."""
+        width = self.num_generations if mode == "train" else self.num_generations_eval
+        offset = self.accelerator.process_index * len(batch.agent_rows[0])
+        rows = self._batch_rows
+        for item in range(len(rows) // width):
+            samples = [
+                sample
+                for i, output in enumerate(outputs)
+                for g in range(width)
+                for sample in episode_samples(
+                    i, item * width + g, g, batch, output, rows[item * width], offset, self.args.discount
+                )
+            ]
+            for key, value in (self.rollout_metrics(samples) or {}).items():
+                try:
+                    value = float(value)
+                except (TypeError, ValueError):
+                    continue
+                self._metrics[mode][str(key)].append(value)
 
     def _agent_critic_inputs(self, output: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """An agent's rows as its critic reads them: prompt then completion ids, mask, and the value's position."""

@@ -1,11 +1,8 @@
-"""CoMLRL's names, arguments and defaults, translated onto the native trainers: the reinforce family (`reinforce`),
-the actor-critic family (`actor_critic`), centralized MAGRPO (`centralized`: one model writes every role), MADPO
-(`preference`), MARLHF (`marlhf`, with CoMLRL's `JointRewardModel`: `multiagent_trl.preference.reward_model`'s),
-iterative MADPO (`iterative`) and iterative MARLHF (`marlhf_iter`). What they share is in two modules: `behaviour`
-(the trainers' CoMLRL entry points: `train()`'s checkpoint arguments, `evaluate`, `log`, `verbose`, `wandb_config`,
-the centralized setup) and `fields` (the one table of CoMLRL's config fields, their native counterparts and limits,
-which the configs check and `docs/comlrl-users.md` renders)."""
+"""CoMLRL 1.4.3's names, arguments and defaults translated onto the native trainers, one module per CoMLRL family;
+what they share is in `behaviour` (the trainers' CoMLRL entry points) and `fields` (the one table of CoMLRL's config
+fields, which the configs check and `docs/comlrl-users.md` renders)."""
 
+# ruff: noqa: F401  (the names are re-exported: `__all__` lists them)
 from ..preference.reward_model import JointRewardModel
 from ..rewards.centralized import (
     CentralizedComparatorAdapter,
@@ -30,32 +27,4 @@ from .reinforce import (
     MARLOOTrainer,
 )
 
-__all__ = [
-    "COMLRL_TWINS",
-    "CentralizedComparatorAdapter",
-    "CentralizedComparatorParseError",
-    "CentralizedMAGRPOConfig",
-    "CentralizedMAGRPOTrainer",
-    "IACConfig",
-    "IACTrainer",
-    "JointRewardModel",
-    "MAACConfig",
-    "MAACTrainer",
-    "MADPOConfig",
-    "MADPOIterConfig",
-    "MADPOIterTrainer",
-    "MADPOTrainer",
-    "MAGRPOConfig",
-    "MAGRPOTrainer",
-    "MAREINFORCEConfig",
-    "MAREINFORCETrainer",
-    "MAReMaxConfig",
-    "MAReMaxTrainer",
-    "MARLOOConfig",
-    "MARLHFConfig",
-    "MARLHFIterConfig",
-    "MARLHFIterTrainer",
-    "MARLHFTrainer",
-    "MARLOOTrainer",
-    "TaggedCentralizedComparatorAdapter",
-]
+__all__ = sorted(name for name in dir() if name[0].isupper())  # every class and table imported above

@@ -1,17 +1,5 @@
-"""CoMLRL compatibility for the actor-critic family: `IACConfig`/`IACTrainer` and `MAACConfig`/`MAACTrainer` with
-CoMLRL 1.4.3's names, arguments, defaults and checks, translated onto `ActorCriticConfig` and `ActorCriticTrainer`.
-
-A CoMLRL actor-critic script runs with only its import line changed:
-
-```diff
--from comlrl.trainers.actor_critic import IACConfig, IACTrainer
-+from multiagent_trl import IACConfig, IACTrainer
-```
-
-Every CoMLRL field is mapped onto the core (`fields.FAMILIES["IACConfig"]`), or raises naming itself where the core
-has no counterpart yet. CoMLRL's numbers are kept where they are the algorithm; `docs/actor-critic.md` lists them
-and the quirks deliberately not replicated.
-"""
+"""CoMLRL 1.4.3's `IACConfig`/`IACTrainer` and `MAACConfig`/`MAACTrainer` translated onto `ActorCriticConfig`/
+`ActorCriticTrainer`; `docs/comlrl-users.md` maps every name, `docs/actor-critic.md` lists CoMLRL's numbers kept."""
 
 from __future__ import annotations
 
@@ -24,7 +12,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..actor_critic.config import ActorCriticConfig, check_hidden_dim
-from ..actor_critic.samples import RolloutSample, episode_samples
+from ..actor_critic.samples import RolloutSample
 from ..actor_critic.trainer import ActorCriticTrainer
 from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead, as_critic, critic_load_kwargs
 from ..rewards.items import item_reward
@@ -33,79 +21,44 @@ from ..rollout.turns import FormattedTransition, first_turn_formatters, listed_f
 from .behaviour import CoMLRLBehaviour, agent_sources, apply_model_config, decay_every_parameter
 from .fields import (
     CoMLRLOptimization,
-    check_accelerate_device,
+    CoMLRLShared,
     check_fields,
     check_parallel,
-    comlrl_batch_sizes,
+    comlrl_config,
+    confirm_devices,
     device_list,
-    map_evaluation,
+    map_shared,
 )
 
 # `model_config` keys the actor-critic trainers read beside MAGRPO's.
 CRITIC_MODEL_CONFIG_KEYS = ("critic_model_kwargs", "critic_value_head_hidden_dim")
 
 
-@comlrl_batch_sizes
+@comlrl_config("IACConfig")
 @dataclass
-class _ActorCriticFields(CoMLRLOptimization, ActorCriticConfig):
+class _ActorCriticFields(CoMLRLOptimization, CoMLRLShared, ActorCriticConfig):
     """The fields IAC and MAAC share, with CoMLRL 1.4.3's defaults, and their mapping onto the core."""
 
-    output_dir: str | None = field(default="ac_output", metadata={"help": "Where checkpoints and logs go."})
-    loss_type: str = field(
-        default="luspo", metadata={"help": "TRL loss; 'luspo' at ratio 1 is CoMLRL's mean(-logp * A) gradient."}
-    )
+    output_dir: str | None = "ac_output"
+    loss_type: str = field(default="luspo", metadata={"help": "'luspo' at ratio 1: CoMLRL's mean(-logp * A)."})
     disable_dropout: bool = field(default=True, metadata={"help": "No dropout (CoMLRL's models stay in eval mode)."})
-
-    agent_learning_rate: float = field(default=5e-6, metadata={"help": "Learning rate of every agent."})
-    critic_learning_rate: float | None = field(
-        default=5e-6, metadata={"help": "Learning rate of the critics; None: agent_learning_rate."}
-    )
-    rollout_buffer_size: int = field(
-        default=8, metadata={"help": "Samples per agent collected before an update (a multiple of num_generations)."}
-    )
-    train_batch_size: int | None = field(
-        default=None, metadata={"help": "Samples per optimizer step within a buffer; None: rollout_buffer_size."}
-    )
-    value_loss_coef: float = field(default=0.6, metadata={"help": "Weight of the value loss."})
-    advantage_normalization: bool = field(
-        default=True, metadata={"help": "Standardize each agent's advantages over its buffer."}
-    )
-    max_new_tokens: int = field(default=256, metadata={"help": "Maximum completion length."})
-    temperature: float = field(default=0.6, metadata={"help": "Sampling temperature."})
-    top_p: float = field(default=0.6, metadata={"help": "Nucleus sampling probability."})
-    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling; None or 0 disables it."})
-    num_train_epochs: float = field(default=40, metadata={"help": "Number of training epochs."})
-    critic_type: str = field(default="v", metadata={"help": "'v' (V(prompt)) or 'q' (Q(prompt, completion))."})
-    num_agents: int | None = field(default=2, metadata={"help": "Number of agents."})
-    num_turns: int = field(default=2, metadata={"help": "Turns per episode (CoMLRL's default, 2)."})
-    parallel_training: str = field(
-        default="none", metadata={"help": "'none' (Accelerate's placement) or 'mp' (a device per agent)."}
-    )
-    agent_devices: list[str] | None = field(
-        default=None, metadata={"help": "With parallel_training='mp': one device per agent, one for all, or 'auto'."}
-    )
-    critic_devices: list[str] | None = field(
-        default=None, metadata={"help": "With parallel_training='mp': the critics' devices."}
-    )
-    discount: float = field(default=1.0, metadata={"help": "Discount of the bootstrap value (multi-turn)."})
-    num_generations: int | None = field(default=1, metadata={"help": "Completions per agent per prompt."})
-    eval_interval: int = field(default=16, metadata={"help": "Evaluate every this many steps; 0 disables."})
-    eval_num_samples: int = field(default=4, metadata={"help": "Rows evaluated each time."})
-    eval_batch_size: int = field(default=1, metadata={"help": "Rows per evaluation batch."})
-    early_termination_threshold: float | None = field(
-        default=-0.2, metadata={"help": "End an episode after a turn whose mean reward exceeds this (multi-turn)."}
-    )
-    logging_steps: float = field(default=1, metadata={"help": "Log every this many steps."})
-    ended_return: str = field(
-        default="reward", metadata={"help": "An episode's last turn is terminal: its target is its reward (CoMLRL)."}
-    )
-    reference_kl_enabled: bool = field(
-        default=False, metadata={"help": "CoMLRL's KL reward shaping (not supported: use beta)."}
-    )
-    reference_kl_coef: float = field(default=0.1, metadata={"help": "KL coefficient of the reward shaping."})
-    reference_devices: list[str] | None = field(
-        default=None, metadata={"help": "Devices of the reference models (with reference_kl_enabled)."}
-    )
+    critic_learning_rate: float | None = 5e-6
+    rollout_buffer_size: int = 8
+    value_loss_coef: float = 0.6
+    advantage_normalization: bool = True
+    top_k: int | None = None
+    num_train_epochs: float = 40
+    critic_type: str = "v"
+    num_turns: int = 2
+    critic_devices: list[str] | None = None
+    discount: float = 1.0
+    num_generations: int | None = 1
+    early_termination_threshold: float | None = -0.2
+    logging_steps: float = 1
+    ended_return: str = field(default="reward", metadata={"help": "A last turn's target is its reward (CoMLRL)."})
+    reference_kl_enabled: bool = False
+    reference_kl_coef: float = 0.1
+    reference_devices: list[str] | None = None
 
     def __post_init__(self):
         check_fields(self, "IACConfig")
@@ -120,12 +73,8 @@ class _ActorCriticFields(CoMLRLOptimization, ActorCriticConfig):
                 "`reference_kl_enabled=True` (CoMLRL's reward shaping by the KL to the initial policy) is not "
                 "supported here. Use `beta=<coefficient>` for TRL's KL penalty in the loss instead, or leave it off."
             )
-        self.learning_rate = self.agent_learning_rate
         if self.critic_learning_rate is None:
             self.critic_learning_rate = self.agent_learning_rate
-        self.max_completion_length = self.max_new_tokens
-        if self.top_k is None:
-            self.top_k = 0  # TRL's "no top-k filtering"
         # A buffer is one generation batch per agent: `rollout_buffer_size` rows, split into optimizer steps of
         # `train_batch_size` rows (per_device_train_batch_size x steps_per_generation).
         if self.rollout_buffer_size % self.num_generations != 0:
@@ -151,58 +100,31 @@ class _ActorCriticFields(CoMLRLOptimization, ActorCriticConfig):
         self.per_device_train_batch_size = per_step
         self.steps_per_generation = buffer // per_step
         self.generation_batch_size = None  # TRL derives it from the two above
-        map_evaluation(self)
-        specs = {"agent_devices": self.agent_devices, "critic_devices": self.critic_devices}
+        critic_spec = self.critic_devices
+        given = map_shared(self, {"agent_devices": self.num_agents, "reference_devices": 0})
         if self.parallel_training == "mp":
-            self.agent_devices = device_list(self.agent_devices, self.num_agents, "agent_devices")
             count = self.num_agents if self._separate_critics() else 1
-            self.critic_devices = device_list(self.critic_devices or self.agent_devices, count, "critic_devices")
+            self.critic_devices = device_list(critic_spec or self.agent_devices, count, "critic_devices")
         else:
-            self.agent_devices = self.critic_devices = None
-        self.reference_devices = None  # only read with reference_kl_enabled, which raises
+            self.critic_devices = None
         super().__post_init__()
-        if self.parallel_training == "none":
-            for name, spec in specs.items():
-                check_accelerate_device(name, spec, self.device)
+        confirm_devices(self, {"agent_devices": given["agent_devices"], "critic_devices": critic_spec})
 
     def _separate_critics(self) -> bool:
         return not self.joint_critic
 
 
+@comlrl_config("IACConfig")
 @dataclass
 class IACConfig(_ActorCriticFields):
-    r"""
-    `ActorCriticConfig` accepting every field of CoMLRL 1.4.3's `IACConfig`, with its defaults and checks: the table
-    `fields.FAMILIES["IACConfig"]` (rendered with notes in `docs/comlrl-users.md`), and below.
+    """`ActorCriticConfig` accepting every field of CoMLRL 1.4.3's `IACConfig`, with its defaults and checks (the
+    table `fields.FAMILIES["IACConfig"]`, rendered in `docs/comlrl-users.md`)."""
 
-    Parameters:
-        use_separate_critic (`bool`, *optional*, defaults to `True`):
-            `True`: a critic model per agent (`critic_kind="model"`); `False`: a value head on each agent
-            (`critic_kind="head"`, trained at the agent's learning rate, as in CoMLRL).
-        value_clip_range (`float` or `None`, *optional*, defaults to `0.2`):
-            Clips the value loss of a value head on the agent only, as CoMLRL (kept in `comlrl_value_clip_range`).
-        critic_value_head_hidden_dim, value_head_hidden_dim (`int` or `None`, defaults to `None`):
-            Hidden width of the separate critics' heads, and of the heads on the agents.
-
-    With `num_turns > 1` a buffer holds `rollout_buffer_size // num_turns` episodes (CoMLRL's buffer counts every
-    turn's sample). Settings kept from CoMLRL for its numbers: `optim="adamw_torch"`, `weight_decay=0.01` (on every
-    parameter), `lr_scheduler_type="constant"`, `max_grad_norm=0.0`, `loss_type="luspo"`, `shuffle_dataset=False`,
-    `gradient_checkpointing=False`, `disable_dropout=True`; any TRL field may be set as well.
-    """
-
-    output_dir: str | None = field(default="iac_output", metadata={"help": "Where checkpoints and logs go."})
-    value_clip_range: float | None = field(
-        default=0.2, metadata={"help": "Clip the value loss of a value head on the agent (CoMLRL: only there)."}
-    )
-    use_separate_critic: bool = field(
-        default=True, metadata={"help": "A critic model per agent (True) or a value head on each agent (False)."}
-    )
-    critic_value_head_hidden_dim: int | None = field(
-        default=None, metadata={"help": "Hidden width of the separate critics' value heads."}
-    )
-    value_head_hidden_dim: int | None = field(
-        default=None, metadata={"help": "Hidden width of the value heads on the agents (use_separate_critic=False)."}
-    )
+    output_dir: str | None = "iac_output"
+    value_clip_range: float | None = 0.2
+    use_separate_critic: bool = True
+    critic_value_head_hidden_dim: int | None = None
+    value_head_hidden_dim: int | None = None
 
     def __post_init__(self):
         self.comlrl_value_clip_range = self.value_clip_range
@@ -224,18 +146,12 @@ class IACConfig(_ActorCriticFields):
 
 @dataclass
 class MAACConfig(_ActorCriticFields):
-    r"""
-    `ActorCriticConfig` accepting every field of CoMLRL 1.4.3's `MAACConfig`: one joint critic for the team
-    (`joint_critic=True`), with CoMLRL's defaults and checks. The fields are `IACConfig`'s without
-    `use_separate_critic`, `value_clip_range`, `critic_value_head_hidden_dim` and `value_head_hidden_dim` (the joint
-    critic's head width comes from the trainer's `model_config["critic_value_head_hidden_dim"]`, as in CoMLRL); its
-    critic reads every agent's prompt (and completion, for `critic_type="q"`) as text tokenized with agent 0's
-    tokenizer. `parallel_training="mp"` takes one critic device (`critic_devices`).
-    """
+    """`ActorCriticConfig` accepting every field of CoMLRL 1.4.3's `MAACConfig`: `IACConfig`'s without
+    `use_separate_critic` and the value-head widths, one joint critic for the team (`joint_critic=True`)."""
 
-    output_dir: str | None = field(default="maac_output", metadata={"help": "Where checkpoints and logs go."})
-    critic_learning_rate: float = field(default=5e-6, metadata={"help": "Learning rate of the joint critic."})
-    joint_critic: bool = field(default=True, metadata={"help": "One critic for the team (MAAC: always)."})
+    output_dir: str | None = "maac_output"
+    critic_learning_rate: float = 5e-6
+    joint_critic: bool = True
 
     def __post_init__(self):
         if not self.joint_critic:
@@ -335,7 +251,7 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
                 as_critic(s, args.critic_value_head_hidden_dim, load_kwargs, setting) for s in critic_sources
             ]
 
-        self.metrics_callback = metrics_callback
+        self.metrics_callback = metrics_callback  # CoMLRL's name of `rollout_metrics`
         given_formatters = formatters
         formatters = first_turn_formatters(formatters, args.num_agents)
         reward = item_reward(reward_func, reward_processor, args.num_agents, args.num_generations)
@@ -343,7 +259,6 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
         if self.joint_tokenizer_from_agent and kwargs.get("critic_processing_class") is None:
             kwargs["critic_processing_class"] = _first_tokenizer(tokenizer, model)
         train_dataset = self.comlrl_setup(args, wandb_config, eval_dataset, train_dataset, kwargs)
-        self._batch_rows: list[dict] | None = None
         super().__init__(
             model=model,
             reward_funcs=reward,
@@ -354,6 +269,7 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
             formatters=formatters,
             external_transition=external_transition,
             critic_model=critic_models,
+            rollout_metrics=metrics_callback,
             **kwargs,
         )
         if external_transition is not None:  # CoMLRL's actor-critic prompts for the later turns
@@ -388,79 +304,20 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
     # ------------------------------------------------------------------ what CoMLRL reports per item
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
-        self._batch_rows = inputs  # the dataset rows, for `metrics_callback`'s `batch_item`
-        try:
-            if self.model.training or self.num_generations_eval == self.num_generations:
-                return super()._generate_and_score_completions(inputs)
-            # Evaluation samples `num_generations_eval` (1) completions per item: the reward groups them so.
-            func, processor = self._item_reward_parts
-            reward = item_reward(func, processor, self.num_agents, self.num_generations_eval)
-            with self._swap(reward_funcs=[bind_reward(reward, self.num_agents)]):
-                return super()._generate_and_score_completions(inputs)
-        finally:
-            self._batch_rows = None
-
-    def _score_agents(self, batch, names, weights):
-        outputs = super()._score_agents(batch, names, weights)
-        if self.metrics_callback is not None and self._batch_rows is not None:
-            self._call_metrics_callback(batch, outputs)
-        return outputs
-
-    def _call_metrics_callback(self, batch, outputs) -> None:
-        """CoMLRL's `metrics_callback(rollouts)`, once per dataset item with that item's samples of every agent (and
-        every turn played); the mean over the items of each numeric value is logged under its own name."""
-        mode = "train" if self.model.training else "eval"
-        width = self.num_generations if mode == "train" else self.num_generations_eval
-        offset = self.accelerator.process_index * len(batch.agent_rows[0])
-        for item in range(len(self._batch_rows) // width):
-            samples = []
-            for i, output in enumerate(outputs):
-                for g in range(width):
-                    samples += episode_samples(
-                        i,
-                        item * width + g,
-                        g,
-                        batch,
-                        output,
-                        self._batch_rows[item * width],
-                        offset,
-                        self.args.discount,
-                    )
-            metrics = self.metrics_callback(samples)
-            for key, value in (metrics or {}).items():
-                try:
-                    self._metrics[mode][str(key)].append(float(value))
-                except (TypeError, ValueError):
-                    continue  # CoMLRL drops values that are not numbers
+        if self.model.training or self.num_generations_eval == self.num_generations:
+            return super()._generate_and_score_completions(inputs)
+        # Evaluation samples `num_generations_eval` (1) completions per item: the reward groups them so.
+        func, processor = self._item_reward_parts
+        reward = item_reward(func, processor, self.num_agents, self.num_generations_eval)
+        with self._swap(reward_funcs=[bind_reward(reward, self.num_agents)]):
+            return super()._generate_and_score_completions(inputs)
 
 
 class IACTrainer(_CoMLRLActorCritic):
-    """Independent actor-critic with CoMLRL 1.4.3's `IACTrainer` arguments, in its order: a critic per agent (a
-    separate model, `use_separate_critic=True`, or a value head on the agent).
-
-    Args:
-        agent_model (`str`, *optional*): a model id or path, loaded `num_agents` times (a model object for one agent).
-        critic_model (`str` or model, *optional*): the critics' model id or path, loaded once per agent.
-        tokenizer: one tokenizer for all agents, or one per agent (required with `agents`).
-        reward_func: called once per dataset item with each agent's list of `num_generations` completions
-            (`item_reward`).
-        reward_processor: applied to every reward value.
-        formatters: one callable for all agents or one per agent, `formatter(item) -> prompt`.
-        args (`IACConfig`, *optional*): `None` uses `IACConfig()`.
-        train_dataset, eval_dataset: the datasets (a trainer without `train_dataset` can only evaluate).
-        model_config (`dict`, *optional*): `torch_dtype`/`dtype`, `attn_implementation`, `model_kwargs` (agents),
-            `critic_model_kwargs` (critics), `special_tokens`, `name`.
-        wandb_config (`dict`, *optional*): as `MAGRPOTrainer`'s; turns on `report_to="wandb"`.
-        metrics_callback (callable, *optional*): `metrics_callback(samples) -> dict`, once per item with its
-            `RolloutSample`s; the means over items are logged.
-        external_transition: for `num_turns > 1`, CoMLRL's `external_transition(prompt=, agent_completions=, ...)`;
-            its prompts go through the formatters as CoMLRL's actor-critic passes them (`_TurnPrompts`).
-        agents, critics (lists, *optional*): one model or id per agent, one critic per agent.
-        **kwargs: `ActorCriticTrainer`'s TRL arguments (`callbacks`, `peft_config`, ...).
-
-    `save_model(dir)` writes CoMLRL's layout: `dir/agent_i/` with `agent_i/critic/` (and `value_head.pt` for a head
-    on the agent); with one agent, the agent in `dir/` and its critic in `dir/critic/`.
-    """
+    """Independent actor-critic with CoMLRL 1.4.3's `IACTrainer` arguments, in its order (the table in
+    `docs/comlrl-users.md`): a critic per agent, a separate model (`use_separate_critic=True`) or a value head on the
+    agent. `save_model(dir)` writes CoMLRL's layout: `dir/agent_i/` with `agent_i/critic/`; with one agent, the
+    agent in `dir/` and its critic in `dir/critic/` (or `dir/value_head.pt`)."""
 
     default_config_cls = IACConfig
     algorithm_name = "IAC"
@@ -485,10 +342,8 @@ class IACTrainer(_CoMLRLActorCritic):
 
 
 class MAACTrainer(_CoMLRLActorCritic):
-    """Multi-agent actor-critic with one joint critic, with CoMLRL 1.4.3's `MAACTrainer` arguments (those of
-    `IACTrainer`; `critics` holds one model). The critic reads every agent's prompt (and completion for
-    `critic_type="q"`) as text (`estimators.joint_critic_text`), tokenized with agent 0's tokenizer.
-    `save_model(dir)` writes `dir/agent_i/` and `dir/critic/` (with `value_head.pt`)."""
+    """Multi-agent actor-critic with one joint critic and CoMLRL 1.4.3's `MAACTrainer` arguments (`IACTrainer`'s;
+    `critics` holds one model); the critic reads the agents' text tokenized with agent 0's tokenizer."""
 
     default_config_cls = MAACConfig
     algorithm_name = "MAAC"

@@ -1,38 +1,32 @@
-"""What every CoMLRL trainer here does the same way, whatever its family: `train()`'s checkpoint arguments,
-`save_checkpoint`/`load_checkpoint`, `evaluate(num_eval_samples)` in dataset order, CoMLRL's names of the turn
-metrics in `log`, `trainer.verbose`, `wandb_config`, building without a training dataset, and the centralized setup
-(one model writes every role)."""
+"""What every CoMLRL trainer does the same way, whatever its family: `train()`'s checkpoint arguments,
+`evaluate(num_eval_samples)`, CoMLRL's metric names in `log`, `verbose`, `wandb_config`, `model_config`, building
+without a training dataset, and the centralized setup; `docs/comlrl-users.md` describes each."""
 
 from __future__ import annotations
 
 import copy
 import numbers
 import os
-import shutil
-import tempfile
 from typing import Any
 
 from datasets import Dataset
 from peft import PeftConfig
 from transformers import TrainerCallback
-from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl.trainer.utils import RepeatSampler
 
 from ..rewards.centralized import CentralizedCollaboration
 from ..team.loading import load_agents, load_processing_classes
-from ..team.views import swapped
+from ..team.snapshots import RunSnapshots
 
 MODEL_CONFIG_KEYS = ("torch_dtype", "dtype", "attn_implementation", "model_kwargs", "special_tokens", "name")
 WANDB_CONFIG_KEYS = ("project", "entity", "name", "run_name", "dir", "tags", "config_sections", "id", "resume")
 TRAIN_KWARGS = ("trial", "ignore_keys_for_eval")
 
 
-class CoMLRLBehaviour:
+class CoMLRLBehaviour(RunSnapshots):
     """Mixin listed before the core trainer among a CoMLRL trainer's bases."""
 
-    pending_checkpoint: str | None = None  # set by `load_checkpoint`: the next `train()` resumes from it
     # Training logs CoMLRL's `turn_k/reward_mean` beside TRL's `turn_k/reward`; with one turn, these keys are copied
     # from `reward` (`comlrl_log_modes`: the modes that do it; the actor-critic port logs them in evaluation too).
     one_turn_keys: tuple[str, ...] = ("turn_1/reward", "turn_1/expected_return")
@@ -93,16 +87,8 @@ class CoMLRLBehaviour:
         checkpoint_total_limit: int | None = None,
         **kwargs,
     ):
-        """Train, with CoMLRL's checkpoint arguments mapped onto Trainer's checkpoints.
-
-        Args:
-            resume_from_checkpoint: A `checkpoint-N` folder written by this trainer, or `True` for the latest one in
-                `checkpoint_dir` (or `args.output_dir`). The run continues to `num_train_epochs` in total.
-            checkpoint_dir: Where checkpoints go (`checkpoint_dir/checkpoint-N/`); sets `args.output_dir`.
-            checkpoint_interval: A checkpoint after every this many epochs (and after the last epoch).
-            checkpoint_total_limit: Keep at most this many checkpoints (Trainer's `save_total_limit`).
-            **kwargs: `transformers.Trainer.train`'s own (`trial`, `ignore_keys_for_eval`).
-        """
+        """Train, with CoMLRL's checkpoint arguments (a checkpoint after every `checkpoint_interval` epochs in
+        `checkpoint_dir`, at most `checkpoint_total_limit` kept) mapped onto Trainer's checkpoints."""
         if self.train_dataset is None:
             raise ValueError(
                 "Training requires a dataset, and this trainer was built without one (as CoMLRL allows, to "
@@ -124,54 +110,8 @@ class CoMLRLBehaviour:
                 "config fields (`temperature`, `top_p`, `top_k`, `generation_kwargs={...}`)."
             )
         if checkpoint_dir is not None or checkpoint_interval != 1 or checkpoint_total_limit is not None:
-            if checkpoint_dir is not None:
-                self.args.output_dir = checkpoint_dir
-            self.args.save_strategy = SaveStrategy.NO  # the callback decides, per epoch
-            self.args.save_total_limit = checkpoint_total_limit
-            self.callback_handler.callbacks = [
-                cb for cb in self.callback_handler.callbacks if not isinstance(cb, CheckpointEveryEpochs)
-            ]
-            self.add_callback(CheckpointEveryEpochs(checkpoint_interval))
-        if resume_from_checkpoint is None:  # `load_checkpoint` asked for this one
-            resume_from_checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
-
-    def save_checkpoint(self, output_dir: str) -> str:
-        """CoMLRL's snapshot between training runs: the team (and critics), the optimizer and scheduler once training
-        has built them, the RNG states and the trainer state, in Trainer's checkpoint format, written under another
-        name and renamed when complete. `load_checkpoint(output_dir)` or `train(resume_from_checkpoint=output_dir)`
-        continue from it. Refuses to replace a folder that is not a checkpoint, as CoMLRL does. Returns the folder."""
-        target = os.path.abspath(os.path.expanduser(output_dir))
-        if os.path.islink(target) or (
-            os.path.exists(target) and not os.path.isfile(os.path.join(target, TRAINER_STATE_NAME))
-        ):
-            raise FileExistsError(f"Refusing to replace a folder that is not a checkpoint: {target}")
-        parent = os.path.dirname(target)
-        os.makedirs(parent, exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-", dir=parent)
-        try:
-            # Trainer's own checkpoint (`checkpoint-N/` under the staging folder); weights only before training.
-            with swapped(self.args, output_dir=staging, save_only_model=self.optimizer is None, save_total_limit=None):
-                self._save_checkpoint(self.model, trial=None)
-            written = os.path.join(staging, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            if os.path.exists(target):
-                shutil.rmtree(target)
-            os.replace(written, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return target
-
-    def load_checkpoint(self, checkpoint: str) -> dict[str, float]:
-        """Load what `save_checkpoint` (or a `checkpoint-N/` of `train`) wrote: the weights now, and the optimizer,
-        scheduler and loop position when `train()` next runs (as `train(resume_from_checkpoint=checkpoint)`).
-        Returns the saved progress, `{"global_step", "epoch"}`."""
-        state_file = os.path.join(checkpoint, TRAINER_STATE_NAME)
-        if not os.path.isfile(state_file):
-            raise FileNotFoundError(f"{checkpoint} is not a checkpoint: it has no {TRAINER_STATE_NAME}.")
-        self._load_from_checkpoint(checkpoint)
-        self.pending_checkpoint = checkpoint
-        state = TrainerState.load_from_json(state_file)
-        return {"global_step": state.global_step, "epoch": state.epoch}
+            self.checkpoint_every_epochs(checkpoint_interval, checkpoint_dir, checkpoint_total_limit)
+        return super().train(resume_from_checkpoint=self.take_pending_checkpoint(resume_from_checkpoint), **kwargs)
 
     def evaluate(self, num_eval_samples: int | None = None, eval_dataset=None, ignore_keys=None, **kwargs):
         """Evaluate `num_eval_samples` rows (default `args.eval_num_samples`; the first rows of the evaluation
@@ -291,19 +231,6 @@ def apply_model_config(model, processing_class, model_config, args, kwargs: dict
     if shared_base:
         return models[0], tokenizers[0]
     return models, tokenizers if len({id(t) for t in tokenizers}) > 1 else tokenizers[0]
-
-
-class CheckpointEveryEpochs(TrainerCallback):
-    """CoMLRL's `train(checkpoint_interval=k)`: a checkpoint after every k-th epoch and after the last one."""
-
-    def __init__(self, interval: int):
-        self.interval = interval
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        epoch = round(state.epoch or 0)
-        if epoch % self.interval == 0 or state.global_step >= state.max_steps:
-            control.should_save = True
-        return control
 
 
 class WandbSections(TrainerCallback):

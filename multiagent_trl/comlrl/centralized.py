@@ -1,18 +1,6 @@
-"""CoMLRL compatibility: CoMLRL 1.4.3's `CentralizedMAGRPOConfig` and `CentralizedMAGRPOTrainer`, one model that
-writes every role from one joint prompt, trained with MAGRPO on the roles' joint reward.
-
-A CoMLRL script runs with only its import lines changed:
-
-```diff
--from comlrl.trainers.preference import TaggedCentralizedComparatorAdapter
--from comlrl.trainers.reinforce import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
-+from multiagent_trl import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer, TaggedCentralizedComparatorAdapter
-```
-
-It is `MAGRPOTrainer` (`reinforce.py`) with one agent: its formatter is the collaboration's joint prompt and its
-reward the collaboration itself (`rewards.centralized.CentralizedCollaboration`), so TRL's GRPO loss trains the one
-model on whole joint completions. Only the reward and evaluation see the roles.
-"""
+"""CoMLRL 1.4.3's `CentralizedMAGRPOConfig`/`CentralizedMAGRPOTrainer`: `MAGRPOTrainer` with one agent whose
+formatter is the roles' joint prompt and whose reward is the roles' joint reward
+(`rewards.centralized.CentralizedCollaboration`); `docs/comlrl-users.md` (Centralized MAGRPO)."""
 
 from __future__ import annotations
 
@@ -31,28 +19,11 @@ COLLABORATION_MODES = ("centralized",)
 
 @dataclass
 class CentralizedMAGRPOConfig(MAGRPOConfig):
-    r"""
-    `MAGRPOConfig` for one model writing every role (CoMLRL 1.4.3's `CentralizedMAGRPOConfig`): every `MAGRPOConfig`
-    field with its default, and two that must keep theirs.
+    """`MAGRPOConfig` for one model writing every role: `num_agents` counts the roles (the core's per-agent
+    settings are the one model's); `num_turns` and `collaboration_mode` must keep their defaults (1, "centralized")."""
 
-    Parameters:
-        num_turns (`int`, *optional*, defaults to `1`):
-            Turns per episode; only `1` (CoMLRL's centralized MAGRPO is single-turn).
-        collaboration_mode (`str`, *optional*, defaults to `"centralized"`):
-            Only `"centralized"`.
-
-    `num_agents` is the number of **roles** the model writes (default 2). The settings the core reads per agent
-    (`agent_learning_rates`, `agent_devices`, ...) are the one model's: one value, or a list of one.
-    """
-
-    num_turns: int = field(default=1, metadata={"help": "Turns per episode: only 1 for centralized MAGRPO."})
-    collaboration_mode: str = field(
-        default="centralized",
-        metadata={
-            "help": "How the roles are written: only 'centralized' (one model).",
-            "choices": COLLABORATION_MODES,
-        },
-    )
+    num_turns: int = 1
+    collaboration_mode: str = field(default="centralized", metadata={"choices": COLLABORATION_MODES})
 
     def __post_init__(self):
         if self.collaboration_mode not in COLLABORATION_MODES:
@@ -74,34 +45,10 @@ class CentralizedMAGRPOConfig(MAGRPOConfig):
 
 
 class CentralizedMAGRPOTrainer(MAGRPOTrainer):
-    """One model writes every role's output from one joint prompt; its completion is split into the roles only for
-    the reward and the evaluation (CoMLRL 1.4.3's `CentralizedMAGRPOTrainer`).
-
-    Args:
-        centralized_adapter (`CentralizedComparatorAdapter`):
-            Builds the joint prompt and splits the joint completion (`TaggedCentralizedComparatorAdapter()`,
-            CoMLRL's); required.
-        num_agents (`int`, *optional*, defaults to `2`):
-            The number of roles; must equal `args.num_agents`.
-        agents (*optional*):
-            The one model (or id), alone or in a list of one; or give `agent_model=` (an id or path).
-        tokenizer (*optional*):
-            The model's tokenizer (alone or in a list of one); `None` loads it with the model.
-        reward_func (`Callable`):
-            The roles' joint reward, as for `MAGRPOTrainer` with `num_agents` agents; it must return one value per
-            joint completion. A completion in which the adapter finds no role is scored with every role `""`.
-        formatters (*optional*):
-            Each role's formatter (one for all, or one per role), or `None` for the rows' `"prompt"`.
-        args (`CentralizedMAGRPOConfig`, *optional*):
-            Configuration; `None` uses `CentralizedMAGRPOConfig()`.
-        **kwargs:
-            Every other `MAGRPOTrainer` argument (`agent_model`, `model_config`, `train_dataset`, `eval_dataset`,
-            `reward_processor`, `wandb_config`, `eval_logger`, `eval_aggregator`, ...). `eval_logger` receives the
-            roles' outputs, `agent_completions_turns[role][row][turn]`.
-
-    `trainer.args` is the core's view of `args` (a copy with `num_agents=1`, the one model); the role count is
-    `trainer.num_roles`, and `trainer.centralized_collaboration` holds the prompt builder and the reward.
-    """
+    """One model writes every role's output from one joint prompt, split into the roles by `centralized_adapter`
+    (required; `TaggedCentralizedComparatorAdapter()` is CoMLRL's) for the reward and the evaluation. Takes
+    `MAGRPOTrainer`'s arguments with one model (`agents`, alone or in a list of one, or `agent_model`) and
+    `num_agents` roles; `trainer.args` is the core's copy with `num_agents=1`, the role count `trainer.num_roles`."""
 
     default_config_cls = CentralizedMAGRPOConfig
     algorithm_name = "MAGRPO"  # as in CoMLRL

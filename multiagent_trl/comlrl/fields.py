@@ -9,6 +9,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -140,6 +141,26 @@ class CoMLRLOptimization:
     shuffle_dataset: bool = field(default=False, metadata={"help": "Shuffle the dataset (CoMLRL: dataset order)."})
 
 
+@dataclass
+class CoMLRLShared:
+    """The fields of the table's `SHARED` rows, with the defaults every CoMLRL config has (a family declares its own
+    where its default differs). Listed before the core config among a config's bases, so that these win."""
+
+    agent_learning_rate: float | None = 5e-6
+    max_new_tokens: int | None = 256
+    num_agents: int | None = 2
+    temperature: float = 0.6
+    top_p: float = 0.6
+    top_k: int | None = 50
+    rollout_buffer_size: int = 2
+    train_batch_size: int | None = None
+    eval_interval: int = 16
+    eval_num_samples: int = 4
+    eval_batch_size: int = 1
+    parallel_training: str = "none"
+    agent_devices: list[str] | None = None
+
+
 def check_parallel(config, *device_fields: str) -> None:
     """`parallel_training="mp"` needs each of `device_fields` (one device per agent, or 'auto')."""
     for name in device_fields if config.parallel_training == "mp" else ():
@@ -147,13 +168,33 @@ def check_parallel(config, *device_fields: str) -> None:
             raise ValueError(f"`parallel_training='mp'` needs `{name}`: one device per agent (or 'auto').")
 
 
-def map_evaluation(config) -> None:
-    """CoMLRL's `eval_interval`/`eval_batch_size` onto Trainer's: before training and every `eval_interval` optimizer
-    steps, one completion per evaluated row."""
+def map_shared(config, device_counts: dict[str, int]) -> dict:
+    """The fields every CoMLRL config maps the same way: `agent_learning_rate`, `max_new_tokens`, `top_k` (`None`:
+    TRL's 0), the evaluation fields (before training and every `eval_interval` optimizer steps, one completion per
+    row) and the device fields named in `device_counts` (with `"mp"`, one device per counted model; 0, or `"none"`,
+    leaves the field `None`). Returns the device fields as given, for `confirm_devices`."""
+    if config.agent_learning_rate is not None:
+        config.learning_rate = config.agent_learning_rate
+    if config.max_new_tokens is not None:
+        config.max_completion_length = config.max_new_tokens
+    if config.top_k is None:
+        config.top_k = 0
     if config.eval_interval > 0:
         config.eval_strategy, config.eval_steps, config.eval_on_start = "steps", config.eval_interval, True
     config.per_device_eval_batch_size = config.comlrl_eval_batch_size
     config.num_generations_eval = 1
+    given = {name: getattr(config, name) for name in device_counts}
+    for name, count in device_counts.items():
+        mp = config.parallel_training == "mp" and count
+        setattr(config, name, device_list(given[name], count, name) if mp else None)
+    return given
+
+
+def confirm_devices(config, given: dict) -> None:
+    """After the core's checks: with `parallel_training="none"` a CoMLRL device field may only name the device
+    Accelerate uses anyway."""
+    for name, spec in given.items() if config.parallel_training == "none" else ():
+        check_accelerate_device(name, spec, config.device)
 
 
 def device_list(spec, num_agents: int, name: str) -> list[str]:
@@ -183,15 +224,33 @@ def check_accelerate_device(name: str, spec, device: torch.device) -> None:
         )
 
 
-def comlrl_batch_sizes(config_cls: type) -> type:
-    """CoMLRL's `train_batch_size` and `eval_batch_size` are dataclass fields, but `TrainingArguments` reads the same
-    names as properties (the batch sizes Trainer loads). The properties keep Trainer's meaning when read; assigning
-    them (the dataclass `__init__` does) stores CoMLRL's value under `comlrl_<name>`. Returns `config_cls`."""
-    for name in STORED_AS:
-        trainer_property = getattr(TrainingArguments, name)
+def comlrl_config(family: str):
+    """Decorator finishing a CoMLRL config class of `family` from the table: each of the family's fields declared
+    without a help text gets its row's `native` column as one (what `--help` prints), and CoMLRL's `train_batch_size`
+    and `eval_batch_size` become properties: `TrainingArguments` reads the same names as the batch sizes Trainer
+    loads, so reading keeps Trainer's meaning and assigning (the dataclass `__init__` does) stores CoMLRL's value
+    under `comlrl_<name>`."""
 
-        def setter(self, value, name=name):
-            self.__dict__[f"comlrl_{name}"] = value
+    def finish(config_cls: type) -> type:
+        declared = config_cls.__dataclass_fields__
+        ours = {
+            name
+            for c in config_cls.__mro__
+            if c.__module__.startswith(__package__)
+            for name in vars(c).get("__annotations__", {})
+        }
+        for row in FAMILIES[family]:  # CoMLRL's own fields only: an inherited one is the native config's too
+            if row.name in ours and "help" not in declared[row.name].metadata:
+                text = f"CoMLRL's; here: {row.native}."
+                declared[row.name].metadata = MappingProxyType({**declared[row.name].metadata, "help": text})
+        for name in STORED_AS:
+            trainer_property = getattr(TrainingArguments, name)
 
-        setattr(config_cls, name, property(trainer_property.fget, setter, doc=f"Trainer's; CoMLRL's: comlrl_{name}."))
-    return config_cls
+            def setter(self, value, name=name):
+                self.__dict__[f"comlrl_{name}"] = value
+
+            doc = f"Trainer's; CoMLRL's: comlrl_{name}."
+            setattr(config_cls, name, property(trainer_property.fget, setter, doc=doc))
+        return config_cls
+
+    return finish

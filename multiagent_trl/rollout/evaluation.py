@@ -11,6 +11,8 @@ others under the `eval_` prefix.
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -133,3 +135,30 @@ def role_trajectories(collaboration, trajectories: EvalTrajectories) -> EvalTraj
         completions=collaboration.split_eval(trajectories.completions, rows),
         rewards=trajectories.rewards,
     )
+
+
+def row_logger_metrics(row_logger, aggregator, trajectories: EvalTrajectories, num_turns: int) -> dict[str, float]:
+    """Metrics from a per-row logger and its aggregator: `row_logger(agent_completions_turns=, batch_items=,
+    prompts=)` returns one dict per evaluated row, `aggregator(per_row, num_turns=)` the finite numbers to log."""
+    if not len(trajectories):
+        return {}
+    per_row = row_logger(
+        agent_completions_turns=trajectories.completions,
+        batch_items=trajectories.rows,
+        prompts=[row.get("prompt", "") for row in trajectories.rows],
+    )
+    if not isinstance(per_row, (list, tuple)) or not all(isinstance(m, dict) for m in per_row):
+        raise TypeError(
+            f"`eval_logger` returned {type(per_row).__name__}; it must return a list with one dict of metrics "
+            f"per evaluated row ({len(trajectories)} rows)."
+        )
+    aggregated = aggregator(per_row, num_turns=num_turns)
+    if not isinstance(aggregated, dict):
+        raise TypeError(f"`eval_aggregator` returned {type(aggregated).__name__}; it must return a dict of metrics.")
+    metrics = {}
+    for key, value in aggregated.items():
+        value = value.item() if isinstance(value, torch.Tensor) else value
+        if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+            raise TypeError(f"`eval_aggregator` returned {key}={value!r}; metrics must be finite numbers.")
+        metrics[key] = float(value)
+    return metrics
