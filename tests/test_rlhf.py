@@ -80,8 +80,8 @@ def test_trains_the_reward_model_from_given_preference_pairs(tmp_path):
     assert len(trainer.reward_model_history) == 3 * len(pairs)
     assert trainer.state.log_history[0]["reward_model/pairs"] == len(pairs)
     with torch.no_grad():
-        chosen = trainer.reward_model.score([p.texts()[0] for p in pairs])
-        rejected = trainer.reward_model.score([p.texts()[1] for p in pairs])
+        chosen = trainer.reward_model.score_joint([p.prompts for p in pairs], [p.chosen for p in pairs])
+        rejected = trainer.reward_model.score_joint([p.prompts for p in pairs], [p.rejected for p in pairs])
     assert (chosen > rejected).all()  # learned the given ranking
 
 
@@ -121,6 +121,7 @@ def test_checkpoints_hold_the_reward_model_and_resume_restores_it(tmp_path):
         ({"preference_num_candidates": 1}, "preference_num_candidates"),
         ({"pair_selection": "best"}, "pair_selection"),
         ({"reward_model_device": "gpu!"}, "reward_model_device"),
+        ({"reward_pooling": "first"}, "reward_pooling"),
     ],
 )
 def test_bad_config_raises_naming_the_field(tmp_path, overrides, match):
@@ -143,3 +144,23 @@ def test_bad_trainer_arguments_raise_at_construction(tmp_path):
         MultiAgentRLHFTrainer(**common, reward_funcs=length_reward, reward_model="not a model")
     with pytest.raises(TypeError, match="MultiAgentRLHFConfig"):
         MultiAgentRLHFTrainer(model=tiny_model_path(), reward_funcs=length_reward, args=small_args(tmp_path))
+
+
+def test_a_new_reward_head_pools_each_agents_response_by_default_and_the_comlrl_layer_keeps_the_last_token(tmp_path):
+    common = dict(model=tiny_model_path(), reward_funcs=length_reward, train_dataset=DATASET)
+    native = MultiAgentRLHFTrainer(**common, args=rlhf_args(tmp_path))
+    assert (native.reward_model.pooling, native.reward_model.num_agents) == ("span_sums", 2)
+    assert native.reward_model.reward_head.in_features == 2 * native.reward_model.backbone.config.hidden_size
+    last = MultiAgentRLHFTrainer(**common, args=rlhf_args(tmp_path, reward_pooling="last"))
+    assert last.reward_model.pooling == "last"
+
+    from multiagent_trl import MARLHFConfig, MARLHFTrainer
+
+    comlrl = MARLHFTrainer(
+        agent_model=tiny_model_path(),
+        num_agents=2,
+        reward_func=length_reward,
+        args=MARLHFConfig(output_dir=str(tmp_path / "comlrl"), num_agents=2, report_to=[]),
+        train_dataset=DATASET,
+    )
+    assert comlrl.reward_model.pooling == "last"
