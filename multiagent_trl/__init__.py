@@ -11,6 +11,8 @@ from .preference import (
     MultiAgentDPOTrainer,
     MultiAgentIterativeDPOConfig,
     MultiAgentIterativeDPOTrainer,
+    MultiAgentIterativeRLHFConfig,
+    MultiAgentIterativeRLHFTrainer,
     MultiAgentRLHFConfig,
     MultiAgentRLHFTrainer,
 )
@@ -103,6 +105,8 @@ __all__ = [
     "MultiAgentDPOTrainer",
     "MultiAgentIterativeDPOConfig",
     "MultiAgentIterativeDPOTrainer",
+    "MultiAgentIterativeRLHFConfig",
+    "MultiAgentIterativeRLHFTrainer",
     "MultiAgentGRPOConfig",
     "MultiAgentGRPOTrainer",
     "MultiAgentRLHFConfig",

@@ -8,9 +8,11 @@ import json
 import os
 
 import pytest
+import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
+from multiagent_trl import JointRewardModel, MultiAgentIterativeRLHFConfig, MultiAgentIterativeRLHFTrainer
 from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
 from multiagent_trl.testing import tiny_model_path
 
@@ -110,3 +112,93 @@ def test_comparator_not_built_is_refused(tmp_path):
         small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator="model")
     with pytest.raises(ValueError, match="replay_k"):
         small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, replay_mode="nearest_k")
+
+
+# ---------------------------------------------------------------- iterative RLHF
+
+
+def build_rlhf(tmp_path, rounds=2, callbacks=None, **overrides):
+    settings = dict(
+        num_agents=2,
+        num_train_epochs=rounds,
+        max_steps=-1,
+        per_device_train_batch_size=4,
+        steps_per_generation=2,
+        preference_num_candidates=3,
+        preference_pairs_per_sample=2,
+        reward_learning_rate=1e-3,
+        lr_scheduler_type="linear",
+    )
+    settings.update(overrides)
+    args = small_args(tmp_path, MultiAgentIterativeRLHFConfig, **settings)
+    return MultiAgentIterativeRLHFTrainer(
+        model=tiny_model_path(),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": [f"Row {i}: say something." for i in range(ROWS)]}),
+        callbacks=callbacks,
+    )
+
+
+def test_rlhf_rounds_train_the_reward_model_then_the_team_in_one_run(tmp_path):
+    recorder = StepRecorder()
+    trainer = build_rlhf(tmp_path, rounds=2, callbacks=[recorder])
+    heads = []
+
+    class Heads(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            heads.append(trainer.reward_model.reward_head.weight.detach().clone())
+
+    trainer.add_callback(Heads())
+    trainer.train()
+    # 4 steps a round (as iterative MADPO's), 8 over the run, on one linear schedule.
+    assert trainer.state.global_step == 8
+    assert recorder.steps == list(range(1, 9))
+    lr0 = trainer.args.learning_rate
+    assert recorder.lrs == pytest.approx([lr0 * (1 - s / 8) for s in range(1, 9)], rel=1e-6)
+    # The reward model was trained once per round: fixed inside a round, changed between rounds.
+    assert len(trainer.reward_model_histories) == 2
+    assert all(torch.equal(heads[0], h) for h in heads[1:4]) and all(torch.equal(heads[4], h) for h in heads[5:])
+    assert not torch.equal(heads[3], heads[4])
+    rounds = [e for e in trainer.state.log_history if "round/index" in e]
+    assert [e["round/index"] for e in rounds] == [1.0, 2.0]
+    assert all(e["reward_model/pairs"] == e["round/train_pairs"] for e in rounds)
+    # The online reward is the reward model's raw score.
+    logged = [h for h in trainer.state.log_history if "rewards/joint_reward_model/mean" in h]
+    assert logged and all(h["reward"] == pytest.approx(h["rewards/joint_reward_model/mean"]) for h in logged)
+    shards = sorted(os.listdir(os.path.join(trainer.args.output_dir, "preference_replay")))
+    assert shards == ["iteration_0001.json", "iteration_0002.json"]
+
+
+def test_rlhf_resume_inside_a_round_restores_its_reward_model(tmp_path):
+    trainer = build_rlhf(tmp_path, rounds=2, save_strategy="steps", save_steps=2)
+    trainer.train()
+    checkpoint = os.path.join(trainer.args.output_dir, "checkpoint-6")  # in the middle of round 2
+    saved = JointRewardModel.from_pretrained(os.path.join(checkpoint, "reward_model")).state_dict()
+    recorder = StepRecorder()
+    torch.manual_seed(7)
+    resumed = build_rlhf(tmp_path, rounds=2, callbacks=[recorder], save_strategy="steps", save_steps=2)
+    resumed.train(resume_from_checkpoint=checkpoint)
+    assert recorder.steps == [7, 8]
+    assert resumed.round_index == 1 and resumed.reward_model_histories == []  # restored, not trained again
+    for key, value in resumed.reward_model.state_dict().items():
+        torch.testing.assert_close(value, saved[key], msg=key)
+
+
+def test_rlhf_reward_model_reset_starts_each_round_from_the_initial_weights(tmp_path):
+    trainer = build_rlhf(tmp_path, rounds=2, reward_model_reset=True)
+    start = {k: v.clone() for k, v in trainer.initial_reward_state.items()}
+    trainer.train()
+    assert len(trainer.reward_model_histories) == 2
+    assert all(torch.equal(trainer.initial_reward_state[k], v) for k, v in start.items())
+
+
+def test_rlhf_bad_input_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="MultiAgentIterativeRLHFConfig"):
+        MultiAgentIterativeRLHFTrainer(
+            model=tiny_model_path(),
+            reward_funcs=length_reward,
+            args=small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2),
+        )
+    with pytest.raises(ValueError, match="replay_k"):
+        small_args(tmp_path, MultiAgentIterativeRLHFConfig, num_agents=2, replay_mode="nearest_k")

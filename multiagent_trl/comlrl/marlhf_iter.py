@@ -66,8 +66,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..preference.iterative_rlhf import record_pair
 from ..preference.replay import COMPARISON_PAIR_SELECTIONS
-from ..preference.reward_training import JointPreferencePair, summarize, train_reward_model
+from ..preference.reward_training import summarize, train_reward_model
 from ..rewards.joint import bind_joint_scorer
 from ..team.views import metrics_aside, swapped
 from .iterative import IterativePairs, IterativePreferenceFields
@@ -312,22 +313,6 @@ class MARLHFIterTrainer(IterativePairs, MARLHFTrainer):
         if generator is not None and self._online_phases:
             generator.manual_seed(self.args.seed + self._online_phases)
         return sampler
-
-
-def record_pair(record: dict) -> JointPreferencePair:
-    """A pair record (`IterativePairs`, or a CoMLRL shard's) as the reward model's training pair.
-
-    >>> record_pair({"prompts": ["Q", "R"], "winner_completions": ["a", "b"], "loser_completions": ["c", ""],
-    ...              "winner_reward": 2.0, "loser_reward": 1.0}).chosen
-    ('a', 'b')
-    """
-    return JointPreferencePair(
-        prompts=tuple(record["prompts"]),
-        chosen=tuple(record["winner_completions"]),
-        rejected=tuple(record["loser_completions"]),
-        chosen_reward=float(record.get("winner_reward", float("nan"))),
-        rejected_reward=float(record.get("loser_reward", float("nan"))),
-    )
 
 
 __all__ = ["MARLHFIterConfig", "MARLHFIterTrainer"]

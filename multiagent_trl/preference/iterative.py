@@ -182,6 +182,13 @@ class IterativeRounds:
 
     round_index: int = -1  # the round whose pairs are being served
     round_pairs: Sequence[dict] = ()  # the round's training pairs (a list once drawn)
+    round_reloaded: bool = False  # whether the round's pairs came back from its shard (a resume inside it)
+
+    @property
+    def round_width(self) -> int:
+        """K, the current policy's joint candidates per prompt in a round's draw: `num_generations` (iterative
+        MADPO); a trainer whose online group differs from its pair draw (iterative RLHF) names its own."""
+        return self.args.num_generations
 
     def round_pairs_for(self, epoch: int) -> list[dict[str, Any]]:
         """Round `epoch`'s training pairs (0-based), drawn at its first call."""
@@ -210,7 +217,7 @@ class IterativeRounds:
         """The current policy's pairs against the comparator over the whole training set (one record per pair),
         with what the sampling records kept out of the training logs."""
         args = self.args
-        width = args.num_generations
+        width = self.round_width
         comparator_width = args.comparator_num_generations or width
         rows = [dict(row) for row in self.train_dataset]
         chunk = max(args.generation_batch_size // width, 1)
@@ -228,7 +235,8 @@ class IterativeRounds:
         """Draw (or, resuming, reload) round `index`'s pairs, write its shard and pick the training pairs."""
         args = self.args
         path = os.path.join(self.replay_dir, f"iteration_{index + 1:04d}.json")
-        if os.path.exists(path) and self.round_index < 0:  # resumed inside this round: its pairs are on disk
+        self.round_reloaded = os.path.exists(path) and self.round_index < 0
+        if self.round_reloaded:  # resumed inside this round: its pairs are on disk
             current = load_records(ReplayShard(index + 1, path, 0))
         else:
             current = self.draw_round_pairs()
