@@ -55,6 +55,22 @@ def checkpoint_step(path: str) -> int:
     return int(Path(path).name.rsplit("-", 1)[1])
 
 
+def kill_after_first_checkpoint(process: subprocess.Popen, out_dir: Path) -> None:
+    """SIGKILL a `slow` run once its `checkpoint-2` exists; it must not have ended by then, nor written a result."""
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (out_dir / "run" / "checkpoint-2").is_dir():
+            assert process.poll() is None, "the run ended before its first checkpoint:\n" + log_tail(out_dir, "slow")
+            assert time.monotonic() < deadline, "no checkpoint-2 in time"
+            time.sleep(0.05)
+        assert process.poll() is None, "the run ended before it could be killed"
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        process.kill()
+    assert not (out_dir / "result.json").exists()
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """The uninterrupted run's final weights, per team kind (run once per kind)."""
@@ -72,19 +88,8 @@ def straight(tmp_path_factory):
 
 
 def test_killed_mid_run_resumes_to_the_same_weights(tmp_path, straight):
-    process = start(tmp_path, "slow")  # sleeps 1 s after each step: it is still running when the kill comes
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        while not (tmp_path / "run" / "checkpoint-2").is_dir():
-            assert process.poll() is None, "the run ended before its first checkpoint:\n" + log_tail(tmp_path, "slow")
-            assert time.monotonic() < deadline, "no checkpoint-2 in time"
-            time.sleep(0.05)
-        assert process.poll() is None, "the run ended before it could be killed"
-        os.kill(process.pid, signal.SIGKILL)
-        assert process.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        process.kill()
-    assert not (tmp_path / "result.json").exists()
+    # sleeps 1 s after each step: it is still running when the kill comes
+    kill_after_first_checkpoint(start(tmp_path, "slow"), tmp_path)
 
     last = get_last_checkpoint(str(tmp_path / "run"))
     assert checkpoint_step(last) in (2, 4)  # 4 only if the kill came late
@@ -139,19 +144,7 @@ def test_native_rlhf_killed_mid_run_resumes_with_its_reward_model(tmp_path_facto
     straight = run_rlhf(straight_dir, "straight")
     assert straight["reward_model_steps"] > 0 and straight["steps"] == list(range(1, MAX_STEPS + 1))
 
-    process = start_rlhf(killed_dir, "slow")
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        while not (killed_dir / "run" / "checkpoint-2").is_dir():
-            assert process.poll() is None, "ended before its first checkpoint:\n" + log_tail(killed_dir, "slow")
-            assert time.monotonic() < deadline, "no checkpoint-2 in time"
-            time.sleep(0.05)
-        assert process.poll() is None, "the run ended before it could be killed"
-        os.kill(process.pid, signal.SIGKILL)
-        assert process.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        process.kill()
-    assert not (killed_dir / "result.json").exists()
+    kill_after_first_checkpoint(start_rlhf(killed_dir, "slow"), killed_dir)
 
     last = get_last_checkpoint(str(killed_dir / "run"))
     saved = JointRewardModel.from_pretrained(os.path.join(last, "reward_model")).state_dict()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .iterative import IterativeRoundFields, IterativeRounds
-from .reward_training import JointPreferencePair, summarize, train_reward_model
+from .reward_training import JointPreferencePair
 from .rlhf import MultiAgentRLHFConfig, MultiAgentRLHFTrainer
 
 
@@ -129,20 +129,9 @@ class MultiAgentIterativeRLHFTrainer(IterativeRounds, MultiAgentRLHFTrainer):
         records = self.round_pairs_for(index)
         if self.round_reloaded:
             return
-        args = self.args
-        if args.reward_model_reset:
+        if self.args.reward_model_reset:
             self.reset_reward_model()
-        pairs = [record_pair(record) for record in records]
-        history = train_reward_model(
-            self.reward_model,
-            pairs,
-            learning_rate=args.reward_learning_rate,
-            num_train_epochs=args.reward_num_train_epochs,
-            batch_size=args.reward_train_batch_size,
-        )
-        self.preference_pairs, self.reward_model_history = pairs, history
-        self.reward_model_histories.append(history)
-        self.add_metrics({key: [value] for key, value in summarize(history, len(pairs)).items()})
+        self.reward_model_histories.append(self.fit_reward_model([record_pair(record) for record in records]))
 
     def _generate_and_score_completions(self, inputs: list[dict]):
         if self.model.training:

@@ -214,15 +214,23 @@ class RewardModelStage:
                 args.pair_selection,
                 args.preference_pairs_per_sample,
             )
-        self.reward_model_history = train_reward_model(
+        self.fit_reward_model(self.preference_pairs)
+
+    def fit_reward_model(self, pairs: list[JointPreferencePair]) -> list[dict[str, float]]:
+        """Train the reward model on `pairs` with the config's reward fields (Bradley-Terry); keep the pairs and the
+        history as `preference_pairs` and `reward_model_history`, and put the summary (`reward_model/*`) in the next
+        training log. Returns the history, one record per step."""
+        args = self.args
+        history = train_reward_model(
             self.reward_model,
-            self.preference_pairs,
+            pairs,
             learning_rate=args.reward_learning_rate,
             num_train_epochs=args.reward_num_train_epochs,
             batch_size=args.reward_train_batch_size,
         )
-        for key, value in summarize(self.reward_model_history, len(self.preference_pairs)).items():
-            self._metrics["train"][key].append(value)
+        self.preference_pairs, self.reward_model_history = list(pairs), history
+        self.add_metrics({key: [value] for key, value in summarize(history, len(pairs)).items()})
+        return history
 
     def restore_reward_model(self, checkpoint: str) -> bool:
         """Load the reward model saved in `checkpoint/reward_model/`, if there is one."""
