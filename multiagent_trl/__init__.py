@@ -7,6 +7,8 @@ from ._version import __version__ as __version__
 from .actor_critic import ActorCriticConfig, ActorCriticTrainer
 from .config import MultiAgentGRPOConfig
 from .preference import (
+    ActorCriticRLHFConfig,
+    ActorCriticRLHFTrainer,
     MultiAgentDPOConfig,
     MultiAgentDPOTrainer,
     MultiAgentIterativeDPOConfig,
@@ -72,6 +74,8 @@ if TYPE_CHECKING:  # for type checkers and the API pages (griffe reads these); n
     )
 
 __all__ = [
+    "ActorCriticRLHFConfig",
+    "ActorCriticRLHFTrainer",
     "ActorCriticConfig",
     "ActorCriticTrainer",
     "AgentTeam",

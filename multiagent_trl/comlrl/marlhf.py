@@ -705,7 +705,7 @@ class MARLHFTrainer(RewardModelStage, MAGRPOTrainer):
             metrics_callback=self.metrics_callback,
             callbacks=self.online_callbacks,
         )
-        trainer.online_reward = self._online_reward
+        trainer.score_with_reward_model(self.reward_model)
         trainer.verbose = self.verbose
         return trainer
 
@@ -717,30 +717,11 @@ class MARLHFTrainer(RewardModelStage, MAGRPOTrainer):
         return super().trajectory_metrics(trajectories)
 
 
-class _RewardModelScored:
-    """The online actor-critic trainer's scoring: training batches by `online_reward` (the reward model's raw scores,
-    no processor), evaluation by the task reward the trainer was built with (and its processor)."""
-
-    online_reward: Callable | None = None
-
-    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
-        if not self.model.training or self.online_reward is None:
-            return super()._generate_and_score_completions(inputs)
-        with self._swap(
-            reward_funcs=[self.online_reward],
-            reward_func_names=[self.online_reward.__name__],
-            reward_weights=torch.ones(1, device=self.reward_weights.device),
-            reward_processing_classes=[None],
-            reward_processor=None,
-        ):
-            return super()._generate_and_score_completions(inputs)
+class _OnlineIAC(RewardModelStage, IACTrainer):
+    """MARLHF's online phase with `rl_algorithm="iac"`: the native reward-model scoring on the IAC translation."""
 
 
-class _OnlineIAC(_RewardModelScored, IACTrainer):
-    """MARLHF's online phase with `rl_algorithm="iac"`."""
-
-
-class _OnlineMAAC(_RewardModelScored, MAACTrainer):
+class _OnlineMAAC(RewardModelStage, MAACTrainer):
     """MARLHF's online phase with `rl_algorithm="maac"`."""
 
 

@@ -76,10 +76,10 @@ def check_reward_model_fields(config) -> None:
 
 
 @dataclass
-class MultiAgentRLHFConfig(MultiAgentGRPOConfig):
+class RewardModelFields:
     r"""
-    `MultiAgentGRPOConfig` (the online phase, `TrainingArguments` fields included) with the reward-model stage's
-    fields.
+    The reward-model stage's fields (`RewardModelStage`), mixed into a team config before it: `MultiAgentRLHFConfig`
+    (MAGRPO online) and `ActorCriticRLHFConfig` (actor-critic online).
 
     Parameters:
         preference_num_candidates (`int`, *optional*, defaults to `8`):
@@ -120,6 +120,16 @@ class MultiAgentRLHFConfig(MultiAgentGRPOConfig):
     def __post_init__(self):
         check_reward_model_fields(self)
         super().__post_init__()
+
+
+@dataclass
+class MultiAgentRLHFConfig(RewardModelFields, MultiAgentGRPOConfig):
+    r"""
+    `MultiAgentGRPOConfig` (the online phase, `TrainingArguments` fields included) with the reward-model stage's
+    fields (`RewardModelFields`: `preference_num_candidates`, `preference_pairs_per_sample`, `pair_selection`,
+    `reward_model_name`, `reward_model_device`, `reward_learning_rate`, `reward_num_train_epochs`,
+    `reward_train_batch_size`, `reward_max_length`, `reward_freeze_backbone`, `reward_pooling`).
+    """
 
 
 def load_reward_model(source, args, setting: str = "reward_model_name") -> JointRewardModel:
@@ -195,6 +205,14 @@ class RewardModelStage:
         self.preference_pairs: list[JointPreferencePair] = []
         self.reward_model_history: list[dict[str, float]] = []
         self._online_reward: Callable | None = None  # the reward model as the training reward, once trained
+
+    def score_with_reward_model(self, reward_model: JointRewardModel) -> None:
+        """Train on an already trained `reward_model`'s raw scores, with no reward-model stage of this trainer's own
+        (e.g. another trainer's stage fitted it). Evaluation keeps the task reward; `save_model` writes it too."""
+        self.reward_device = next(reward_model.parameters()).device
+        self.reward_model, self.given_preference_pairs = reward_model, None
+        self.preference_pairs, self.reward_model_history = [], []
+        self._online_reward = bind_joint_scorer(reward_model, self.num_agents)
 
     def reward_model_folder(self, output_dir: str) -> str:
         """Where the reward model is saved under `output_dir` (a checkpoint or `save_model`'s folder)."""
@@ -304,13 +322,14 @@ def check_preference_pairs(pairs, num_agents: int) -> list[JointPreferencePair] 
     return pairs
 
 
-class MultiAgentRLHFTrainer(RewardModelStage, MultiAgentGRPOTrainer):
-    """Multi-agent RLHF: a `MultiAgentGRPOTrainer` that trains on a `JointRewardModel`'s scores and evaluates on the
-    task reward (see the module docstring).
+class RLHFTrainerBase(RewardModelStage):
+    """TRL's trainer arguments and `train()` for a native RLHF trainer: `RewardModelStage` on a team trainer (the
+    class after this one in the bases), with `config_class` its config. `MultiAgentRLHFTrainer` (MAGRPO online) and
+    `ActorCriticRLHFTrainer` (actor-critic online) are this on `MultiAgentGRPOTrainer` and `ActorCriticTrainer`.
 
     Args:
         model, args, train_dataset, eval_dataset, processing_class, callbacks, optimizers, peft_config, **kwargs:
-            As `MultiAgentGRPOTrainer`'s (`args` a `MultiAgentRLHFConfig`).
+            As the team trainer's (`args` a `config_class`).
         reward_funcs: The task reward (as `MultiAgentGRPOTrainer`'s `reward_funcs`, with `reward_processor`): it ranks
             the team's joint samples into pairs and scores evaluation. Required.
         reward_model (`JointRewardModel`, *optional*): the reward model to train; `None` builds one from
@@ -321,11 +340,13 @@ class MultiAgentRLHFTrainer(RewardModelStage, MultiAgentGRPOTrainer):
     After `train()`: `trainer.reward_model` (trained), `trainer.preference_pairs`, `trainer.reward_model_history`.
     """
 
+    config_class: type = RewardModelFields
+
     def __init__(
         self,
         model=None,
         reward_funcs: Callable | Sequence[Callable] | None = None,
-        args: MultiAgentRLHFConfig | None = None,
+        args: RewardModelFields | None = None,
         train_dataset=None,
         eval_dataset=None,
         processing_class=None,
@@ -337,11 +358,13 @@ class MultiAgentRLHFTrainer(RewardModelStage, MultiAgentGRPOTrainer):
         preference_pairs: Sequence[JointPreferencePair] | None = None,
         **kwargs,
     ):
-        if args is not None and not isinstance(args, MultiAgentRLHFConfig):
-            raise TypeError(f"`args` is a {type(args).__name__}; MultiAgentRLHFTrainer needs a MultiAgentRLHFConfig.")
+        config_name, trainer_name = self.config_class.__name__, type(self).__name__
+        if args is not None and not isinstance(args, self.config_class):
+            article = "an" if config_name[0] in "AEIOU" else "a"
+            raise TypeError(f"`args` is a {type(args).__name__}; {trainer_name} needs {article} {config_name}.")
         if args is None:
             name = model if isinstance(model, str) else "model"
-            args = MultiAgentRLHFConfig(f"{name.split('/')[-1]}-RLHF")
+            args = self.config_class(f"{name.split('/')[-1]}-RLHF")
         if reward_funcs is None:
             raise ValueError(
                 "`reward_funcs` (the task reward) is required: it ranks the team's samples into preference pairs and "
@@ -370,8 +393,18 @@ class MultiAgentRLHFTrainer(RewardModelStage, MultiAgentGRPOTrainer):
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
 
+class MultiAgentRLHFTrainer(RLHFTrainerBase, MultiAgentGRPOTrainer):
+    """Multi-agent RLHF: a `MultiAgentGRPOTrainer` that trains on a `JointRewardModel`'s scores and evaluates on the
+    task reward (see the module docstring; the arguments are `RLHFTrainerBase`'s, `args` a `MultiAgentRLHFConfig`).
+    """
+
+    config_class = MultiAgentRLHFConfig
+
+
 __all__ = [
     "MultiAgentRLHFConfig",
+    "RLHFTrainerBase",
+    "RewardModelFields",
     "MultiAgentRLHFTrainer",
     "RewardModelStage",
     "check_reward_model_fields",
