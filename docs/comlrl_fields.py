@@ -3,10 +3,10 @@
 
 from pathlib import Path
 
-from multiagent_trl.comlrl import IACConfig, MADPOConfig, MAGRPOConfig
+from multiagent_trl.comlrl import IACConfig, MADPOConfig, MAGRPOConfig, MARLHFConfig
 from multiagent_trl.comlrl.fields import render_docs
 
-CONFIGS = {config.__name__: config for config in (MAGRPOConfig, IACConfig, MADPOConfig)}
+CONFIGS = {config.__name__: config for config in (MAGRPOConfig, IACConfig, MADPOConfig, MARLHFConfig)}
 
 if __name__ == "__main__":
     page = Path(__file__).with_name("comlrl-users.md")

@@ -7,11 +7,16 @@ import pytest
 import torch
 from transformers import HfArgumentParser
 
-from multiagent_trl.comlrl import IACConfig, MAACConfig, MADPOConfig, MAGRPOConfig
+from multiagent_trl.comlrl import IACConfig, MAACConfig, MADPOConfig, MAGRPOConfig, MARLHFConfig
 from multiagent_trl.comlrl.fields import FAMILIES
 from multiagent_trl.rollout.evaluation import EvalTrajectories, row_logger_metrics
 
-CONFIGS = {"MAGRPOConfig": MAGRPOConfig, "IACConfig": IACConfig, "MADPOConfig": MADPOConfig}
+CONFIGS = {
+    "MAGRPOConfig": MAGRPOConfig,
+    "IACConfig": IACConfig,
+    "MADPOConfig": MADPOConfig,
+    "MARLHFConfig": MARLHFConfig,
+}
 LIMITED = [
     (family, row) for family, rows in FAMILIES.items() for row in rows if row.minimum is not None or row.choices
 ]

@@ -82,7 +82,41 @@ MADPO = (
     Field("reference_kl_enabled", "`True` raises (`reference_free=False` is a reference)"),
     Field("reference_kl_coef", "unused", 0.0),
 )
-FAMILIES = {"MAGRPOConfig": SHARED + GRPO_ONLY, "IACConfig": SHARED + ACTOR_CRITIC, "MADPOConfig": SHARED + MADPO}
+ONLINE_CRITIC = "`iac`/`maac` only (else their default only)"
+MARLHF = (  # MARLHF's own fields; the others are MAGRPOConfig's, for the online phase
+    Field("rl_algorithm", "`magrpo`, `mareinforce`, `maremax`, `marloo` (`advantage_mode`); `iac`, `maac` (critics)"),
+    Field(
+        "collaboration_mode", "same (`centralized`: the MAGRPO family online)", None, ("decentralized", "centralized")
+    ),
+    Field("preference_num_candidates", "same (K joint candidates per item)", 2),
+    Field("preference_pairs_per_sample", "same (None: no limit)", 1),
+    Field("pair_selection", "same: `reward_gap`, `random`, `all`"),
+    Field("reward_model_name", "same (None: the agents' model)"),
+    Field("reward_model_device", "same; None, or CUDA without CUDA: the team's device"),
+    Field("reward_learning_rate", "same (> 0)"),
+    Field("reward_num_train_epochs", "same", 1),
+    Field("reward_train_batch_size", "same", 1),
+    Field("reward_max_length", "same (None: no cut)", 1),
+    Field("reward_freeze_backbone", "same"),
+    Field("critic_model_name", f"the critics' model (None: the agents'); {ONLINE_CRITIC}"),
+    Field("critic_learning_rate", f"same (None: `agent_learning_rate`); {ONLINE_CRITIC}"),
+    Field("critic_devices", f"with `mp`; {ONLINE_CRITIC}"),
+    Field("use_separate_critic", f"IAC: a critic model per agent, or a head on each; MAAC: True; {ONLINE_CRITIC}"),
+    Field("critic_type", f"same; {ONLINE_CRITIC}", None, ("v", "q")),
+    Field("value_loss_coef", f"same (> 0); {ONLINE_CRITIC}"),
+    Field("value_clip_range", f"IAC's heads on the agents; {ONLINE_CRITIC}"),
+    Field("critic_value_head_hidden_dim", f"the critics' head width (MAAC's too); {ONLINE_CRITIC}"),
+    Field("value_head_hidden_dim", f"IAC's heads on the agents: their width; {ONLINE_CRITIC}"),
+    Field("dpo_beta", "MADPO's, unused (default only)"),
+    Field("use_environment_step", "MADPO's, unused (default only)"),
+    Field("environment_steps_per_pair", "MADPO's, unused (default only)", 1),
+)
+FAMILIES = {
+    "MAGRPOConfig": SHARED + GRPO_ONLY,
+    "IACConfig": SHARED + ACTOR_CRITIC,
+    "MADPOConfig": SHARED + MADPO,
+    "MARLHFConfig": MARLHF,
+}
 STORED_AS = {"train_batch_size": "comlrl_train_batch_size", "eval_batch_size": "comlrl_eval_batch_size"}
 
 

@@ -1,91 +1,17 @@
 """CoMLRL compatibility for MARLHF: `MARLHFConfig`/`MARLHFTrainer` with CoMLRL 1.4.3's names, arguments, defaults
-and checks. A joint reward model is learned from preference pairs ranked by the task reward, then the team is trained
-online (MAGRPO's port) on the reward model's scores. The reward-model stage (pairs, training, the online scoring,
-saving in checkpoints and restoring on resume) is the native `MultiAgentRLHFTrainer`'s
-(`preference.rlhf.RewardModelStage`, with its field checks `check_reward_model_fields`); this module maps CoMLRL's
-fields and arguments onto it and runs the actor-critic back-ends.
-
-A CoMLRL MARLHF script runs with only its import line changed:
+and checks, translated onto the native reward-model stage (`preference.rlhf.RewardModelStage`: pairs ranked by the
+task reward, the `JointRewardModel` trained on them, the online reward, saved in checkpoints and restored on resume).
+Online, `rl_algorithm` in the MAGRPO family trains MAGRPO's port (`reinforce.MAGRPOTrainer`, its `advantage_mode`);
+`"iac"`/`"maac"` build a child trainer per `train()` (`trainer.online_trainer`), the stage on the IAC/MAAC translation
+(as the native `ActorCriticRLHFTrainer` is on `ActorCriticTrainer`), configured by `args.actor_critic_config()`.
 
 ```diff
 -from comlrl.trainers.preference import MARLHFConfig, MARLHFTrainer
 +from multiagent_trl.comlrl import MARLHFConfig, MARLHFTrainer
 ```
 
-`train()`, as in CoMLRL:
-
-1. Pairs: the initial policies sample `preference_num_candidates` joint candidates per training item, the task reward
-   (with `reward_processor`) scores them, CoMLRL's selection pairs them
-   (`preference.sampling.collect_preference_pairs`).
-2. Reward model: a `JointRewardModel` (the causal LM `reward_model_name`, or the agents' model, with a scalar head)
-   trained with the Bradley-Terry loss (`train_reward_model`: AdamW, `reward_learning_rate`, weight decay 0.01,
-   `reward_num_train_epochs` over shuffled batches of `reward_train_batch_size` pairs, texts cut at
-   `reward_max_length`, `reward_freeze_backbone`).
-3. Online: MAGRPO's port (`reinforce.MAGRPOTrainer`) with `num_generations` samples per prompt, the reward model's raw
-   scores as the training reward (no `reward_processor`), `advantage_mode` from `rl_algorithm` (`magrpo` -> mean,
-   `mareinforce` -> raw, `maremax` -> max, `marloo` -> rloo). Evaluation scores with the task reward and its
-   processor. With `rl_algorithm="iac"`/`"maac"`, as CoMLRL, each `train()` builds a child trainer for the online
-   phase (`trainer.online_trainer`): the actor-critic port (`actor_critic.IACTrainer`/`MAACTrainer`, on
-   `ActorCriticTrainer`) on the same agent modules (trained in place), configured by `args.actor_critic_config()`
-   (CoMLRL's `_build_actor_critic_common_config` fields, IAC's critic fields, the run's TRL settings), with new
-   critics from `critics=`, `critic_model=`, `critic_model_name` or the agents' model (a value head on each agent
-   with IAC's `use_separate_critic=False`). It trains on the reward model's raw scores and evaluates with the task
-   reward and its processor; its steps and logs are copied back (`state.global_step`, `state.log_history`).
-
-Deliberate differences from CoMLRL 1.4.3, and why:
-
-1. The reward model is loaded at construction, not in `train()`: a reward model that cannot be built (no hidden size,
-   a saved head that does not fit its backbone, a tokenizer without padding or end token, agents given as objects
-   without `reward_model_name`) raises before any sampling. Its head's initial weights are therefore drawn from
-   torch's generator at construction (seed before building the trainer for a reproducible head).
-2. `reward_model_device="cuda:0"` (the default) on a machine without CUDA, or `None`, puts the reward model on the
-   team's device (a warning says so when a device was named): CoMLRL fails there. With several processes each
-   process keeps its own copy on its own device.
-3. The trained reward model is saved beside the agents: `save_model(dir)` and every checkpoint write
-   `dir/reward_model/` (reload with `JointRewardModel.from_pretrained`); CoMLRL keeps it in memory only. Resuming from
-   a checkpoint reloads it instead of drawing pairs and training it again.
-4. The reward-model stage is logged: `reward_model/loss`, `reward_model/accuracy`, `reward_model/margin` (last
-   epoch's means), `reward_model/steps` and `reward_model/pairs`, in the first training log; every step's values
-   are in `trainer.reward_model_history`. CoMLRL logs nothing for it.
-5. A training set on which no item gives a pair raises (`check_pair_set`, with the ways out); CoMLRL prints a line
-   and returns without training.
-6. The reward model reads positions counted over attended tokens and pads on the right (`JointRewardModel`): the same
-   scores as CoMLRL's for right-padded text.
-7. Online training is MAGRPO's port, with its own documented differences from CoMLRL's MAGRPO (TRL's loss, which
-   scores the last token; `eval_interval` and `logging_steps` in optimizer steps).
-8. The actor-critic back-ends are the actor-critic port's, with its own documented differences from CoMLRL's IAC and
-   MAAC (one critic step per buffer for MAAC, the end token scored, ...). On top of those: CoMLRL's child buffer of
-   `rollout_buffer_size` samples, filled a whole item (`num_generations` samples) at a time, is rounded up to whole
-   items (`rollout_buffer_size=2`, `num_generations=4` -> 4: the samples CoMLRL trains on); `num_generations=1` is
-   allowed (the host MAGRPO config, which only samples the preference candidates and evaluates, keeps 2);
-   `critic_value_head_hidden_dim` sizes MAAC's joint critic's head too (CoMLRL's MARLHF drops it there); MAAC's
-   unused IAC fields (`use_separate_critic=False`, `value_clip_range`, `value_head_hidden_dim`) and an
-   `advantage_mode` other than the default raise (CoMLRL ignores them); `critic_model`/`critics`/
-   `critic_model_name` with `use_separate_critic=False` raise (CoMLRL drops them); the critic fields and the
-   constructor's `critic_model`, `critics`, `metrics_callback` with a MAGRPO-family `rl_algorithm` raise (nothing
-   reads them). The critics are checked at construction (CoMLRL finds a missing one after pairs and reward model).
-   Not supported with the actor-critic back-ends (raise, naming themselves): `train()`'s checkpoint and resume
-   arguments, `peft_config`, `eval_logger`/`eval_aggregator`. As in CoMLRL the critics are new each online phase and
-   `save_model` does not write them (`trainer.online_trainer.save_model(dir)` does); `evaluate()` is the host's
-   (MAGRPO's, on the task reward).
-9. MADPO's `dpo_beta`, `use_environment_step` and `environment_steps_per_pair`, which CoMLRL's MARLHF accepts and
-   never reads, are accepted at their defaults only. An `advantage_mode` that contradicts `rl_algorithm` raises
-   (CoMLRL overwrites it silently).
-
-Centralized collaboration (`collaboration_mode="centralized"`, CoMLRL's), with `rl_algorithm` in the MAGRPO family:
-one model writes every role's output from one joint prompt, as in MADPO's port (`comlrl.preference`):
-`centralized_comparator_adapter` (default `TaggedCentralizedComparatorAdapter()`, checked in either mode) builds the
-joint prompt from the role formatters and splits each joint completion into the roles for the task reward
-(`rewards.centralized.CentralizedCollaboration`); `num_agents` (constructor and config, which must agree) counts the
-roles; the host trains one agent (`trainer.args` is a copy with `num_agents=1`, the role count is
-`trainer.num_roles`). The pairs are that model's joint candidates ranked by the roles' joint reward. The reward model
-reads what CoMLRL's reads in this mode, a team of one's joint text: `"Joint multi-agent response\n\nAgent 1
-prompt:\n{joint prompt}\n\nAgent 1 response:\n{joint completion}"`, the adapter's prompt and the completion as
-written (not the parsed roles). Online, the one model trains on the reward model's raw scores of those texts (MAGRPO's
-port, TRL's loss on the whole joint completion); evaluation scores the parsed roles with the task reward and its
-processor, and `eval_logger` receives the roles' outputs `[role][row][turn]`. The model saves as `agent_0/`, the
-reward model beside it. Not ported: `rl_algorithm="iac"`/`"maac"` in this mode (`NotImplementedError`; CoMLRL runs
-its actor-critic child on the joint completions and splits the roles for `metrics_callback`).
+The steps, the actor-critic back-ends, centralized collaboration and every deliberate difference from CoMLRL, with
+its reason, are in docs/preference.md ("MARLHF") and docs/comlrl-users.md.
 """
 
 from __future__ import annotations
@@ -110,6 +36,7 @@ from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedCom
 from ..rollout.evaluation import EvalTrajectories
 from .actor_critic import CRITIC_MODEL_CONFIG_KEYS, IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .centralized import role_trajectories
+from .fields import check_fields, comlrl_config
 from .preference import _one_actor
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _one_of
 
@@ -188,60 +115,17 @@ SHARED_TRL_FIELDS = (
 )
 
 
+@comlrl_config("MARLHFConfig")
 @dataclass
 class MARLHFConfig(MAGRPOConfig):
     r"""
-    `MAGRPOConfig` accepting every field of CoMLRL 1.4.3's `MARLHFConfig` (MADPO's fields and its own), with its
-    defaults and checks. The MAGRPO fields configure the online phase as in `MAGRPOConfig` (with `rl_algorithm="iac"`/
-    `"maac"`, through `actor_critic_config()`, which also reads the critic fields); the defaults that differ from
-    `MAGRPOConfig`'s are CoMLRL's MARLHF ones (`num_turns=1`, `early_termination_threshold=None`).
-
-    Parameters:
-        rl_algorithm (`str`, *optional*, defaults to `"magrpo"`):
-            Online algorithm: `"magrpo"`, `"mareinforce"` (alias `"mareforce"`), `"maremax"` or `"marloo"` set
-            `advantage_mode` (`mean`, `raw`, `max`, `rloo`); `"iac"` (a critic per agent) and `"maac"` (one joint
-            critic) train with the actor-critic port (`actor_critic_config()`).
-        num_generations (`int`, *optional*, defaults to `4`):
-            Online samples per prompt (at least 2 for the MAGRPO family, 1 for the actor-critic back-ends).
-        preference_num_candidates (`int`, *optional*, defaults to `80`):
-            Joint candidates per training item for the preference pairs (at least 2).
-        preference_pairs_per_sample (`int` or `None`, *optional*, defaults to `16`):
-            At most this many pairs per item (`None`: no limit; required by `pair_selection="all"`).
-        pair_selection (`str`, *optional*, defaults to `"reward_gap"`):
-            `"reward_gap"` (largest reward gap first), `"random"` or `"all"`.
-        reward_model_name (`str` or `None`, *optional*, defaults to `None`):
-            The reward model's causal LM (id or path; a folder written by `JointRewardModel.save_pretrained` also
-            brings its head). `None`: the agents' model (required when the agents are given as objects).
-        reward_model_device (`str` or `None`, *optional*, defaults to `"cuda:0"`):
-            Where the reward model lives; `None`, or a CUDA device without CUDA, is the team's device.
-        reward_learning_rate (`float`, *optional*, defaults to `1e-5`): AdamW's learning rate for the reward model
-            (> 0).
-        reward_num_train_epochs (`int`, *optional*, defaults to `1`): Passes over the pairs (>= 1).
-        reward_train_batch_size (`int`, *optional*, defaults to `1`): Pairs per reward-model step (>= 1).
-        reward_max_length (`int` or `None`, *optional*, defaults to `None`): Joint texts cut at this many tokens.
-        reward_freeze_backbone (`bool`, *optional*, defaults to `False`): Train the reward head only.
-        collaboration_mode (`str`, *optional*, defaults to `"decentralized"`):
-            `"centralized"`: one model writes every role (`num_agents` roles; see the module docstring), trained
-            online with the MAGRPO family (`"iac"`/`"maac"` raise `NotImplementedError`).
-        critic_model_name (`str` or `None`, *optional*, defaults to `None`):
-            The critics' model (id or path) when the trainer gets no `critic_model`/`critics`; `None`: the agents'.
-        critic_learning_rate (`float` or `None`, *optional*, defaults to `None`): `None`: `agent_learning_rate`.
-        critic_devices (`list[str]` or `None`, *optional*, defaults to `None`): with `parallel_training="mp"`.
-        use_separate_critic (`bool`, *optional*, defaults to `True`):
-            IAC: a critic model per agent (`True`) or a value head on each agent (`False`); MAAC: `True` only.
-        critic_type (`str`, *optional*, defaults to `"v"`): `"v"` (prompts) or `"q"` (prompts and completions).
-        value_loss_coef (`float`, *optional*, defaults to `0.6`): the value loss's weight (> 0).
-        value_clip_range (`float` or `None`, *optional*, defaults to `0.2`): IAC's heads on the agents only.
-        critic_value_head_hidden_dim, value_head_hidden_dim (`int` or `None`, *optional*, defaults to `None`):
-            Hidden width of the critics' heads (IAC's separate critics, MAAC's joint critic), and of IAC's heads on
-            the agents.
-            The critic fields serve `rl_algorithm="iac"`/`"maac"`; with the MAGRPO family only their defaults are
-            accepted (nothing reads them).
-        dpo_beta (`0.1`), use_environment_step (`True`), environment_steps_per_pair (`2`):
-            MADPO's fields, unused by MARLHF (in CoMLRL too): only their defaults are accepted.
-
-    Every other field is `MAGRPOConfig`'s (`agent_learning_rate`, `rollout_buffer_size`, `train_batch_size`,
-    `eval_interval`, ...), for the online phase.
+    `MAGRPOConfig` accepting every field of CoMLRL 1.4.3's `MARLHFConfig`, with its defaults and checks: the
+    reward-model stage's fields (as `MultiAgentRLHFConfig`'s), `rl_algorithm` (the online phase: the MAGRPO family's
+    `advantage_mode`, or the actor-critic back-ends through `actor_critic_config()`), the critic fields those
+    back-ends read, and MADPO's fields that CoMLRL's MARLHF accepts and never reads. The table
+    `fields.FAMILIES["MARLHFConfig"]` (rendered in `docs/comlrl-users.md`, and each field's `--help`) says what each
+    becomes here. The defaults that differ from `MAGRPOConfig`'s are CoMLRL's MARLHF ones (`num_turns=1`,
+    `early_termination_threshold=None`); every other field is `MAGRPOConfig`'s, for the online phase.
     """
 
     output_dir: str | None = field(default="marlhf_output", metadata={"help": "Where checkpoints and logs go."})
@@ -249,61 +133,30 @@ class MARLHFConfig(MAGRPOConfig):
     early_termination_threshold: float | None = field(
         default=None, metadata={"help": "MAGRPO's field; unused by single-turn MARLHF."}
     )
-    collaboration_mode: str = field(
-        default="decentralized",
-        metadata={"help": "'decentralized' (one model per agent) or 'centralized' (one model writes every role)."},
-    )
-    preference_num_candidates: int = field(default=80, metadata={"help": "Joint candidates per item for pairs (K)."})
-    preference_pairs_per_sample: int | None = field(
-        default=16, metadata={"help": "At most this many pairs per item; None: no limit."}
-    )
-    pair_selection: str = field(default="reward_gap", metadata={"help": "'reward_gap', 'all' or 'random'."})
-    dpo_beta: float = field(default=0.1, metadata={"help": "MADPO's field; unused by MARLHF (default only)."})
-    use_environment_step: bool = field(
-        default=True, metadata={"help": "MADPO's field; unused by MARLHF (default only)."}
-    )
-    environment_steps_per_pair: int = field(
-        default=2, metadata={"help": "MADPO's field; unused by MARLHF (default only)."}
-    )
-    rl_algorithm: str = field(
-        default="magrpo", metadata={"help": "Online: magrpo, mareinforce, maremax, marloo, iac or maac."}
-    )
-    reward_model_name: str | None = field(
-        default=None, metadata={"help": "The reward model's causal LM; None: the agents' model."}
-    )
-    reward_model_device: str | None = field(
-        default="cuda:0", metadata={"help": "The reward model's device; None or no CUDA: the team's device."}
-    )
-    reward_learning_rate: float = field(default=1e-5, metadata={"help": "Reward model learning rate (> 0)."})
-    reward_num_train_epochs: int = field(default=1, metadata={"help": "Passes over the preference pairs."})
-    reward_train_batch_size: int = field(default=1, metadata={"help": "Pairs per reward-model step."})
-    reward_max_length: int | None = field(default=None, metadata={"help": "Joint texts cut at this many tokens."})
-    reward_freeze_backbone: bool = field(default=False, metadata={"help": "Train the reward head only."})
-    critic_model_name: str | None = field(
-        default=None, metadata={"help": "The critics' model id or path; None: the agents' model (iac, maac)."}
-    )
-    critic_learning_rate: float | None = field(
-        default=None, metadata={"help": "Critic learning rate; None: agent_learning_rate (iac, maac)."}
-    )
-    critic_devices: list[str] | None = field(
-        default=None, metadata={"help": "The critics' devices with parallel_training='mp' (iac, maac)."}
-    )
-    use_separate_critic: bool = field(
-        default=True, metadata={"help": "IAC: a critic model per agent (True) or a value head on each agent (False)."}
-    )
-    critic_type: str = field(
-        default="v", metadata={"help": "'v' (prompts) or 'q' (prompts and completions) (iac, maac)."}
-    )
-    value_loss_coef: float = field(default=0.6, metadata={"help": "Weight of the value loss (iac, maac)."})
-    value_clip_range: float | None = field(
-        default=0.2, metadata={"help": "Clip range of the value loss of IAC's heads on the agents; None: no clipping."}
-    )
-    critic_value_head_hidden_dim: int | None = field(
-        default=None, metadata={"help": "Hidden width of the critics' value heads (iac, maac)."}
-    )
-    value_head_hidden_dim: int | None = field(
-        default=None, metadata={"help": "Hidden width of IAC's value heads on the agents (use_separate_critic=False)."}
-    )
+    collaboration_mode: str = "decentralized"
+    preference_num_candidates: int = 80
+    preference_pairs_per_sample: int | None = 16
+    pair_selection: str = "reward_gap"
+    dpo_beta: float = 0.1
+    use_environment_step: bool = True
+    environment_steps_per_pair: int = 2
+    rl_algorithm: str = "magrpo"
+    reward_model_name: str | None = None
+    reward_model_device: str | None = "cuda:0"
+    reward_learning_rate: float = 1e-5
+    reward_num_train_epochs: int = 1
+    reward_train_batch_size: int = 1
+    reward_max_length: int | None = None
+    reward_freeze_backbone: bool = False
+    critic_model_name: str | None = None
+    critic_learning_rate: float | None = None
+    critic_devices: list[str] | None = None
+    use_separate_critic: bool = True
+    critic_type: str = "v"
+    value_loss_coef: float = 0.6
+    value_clip_range: float | None = 0.2
+    critic_value_head_hidden_dim: int | None = None
+    value_head_hidden_dim: int | None = None
 
     def __post_init__(self):
         self._check_marlhf_fields()
@@ -366,18 +219,12 @@ class MARLHFConfig(MAGRPOConfig):
             ("value_loss_coef", self.value_loss_coef > 0, "> 0"),
             ("value_clip_range", self.value_clip_range is None or self.value_clip_range > 0, "> 0 or None"),
             ("dpo_beta", self.dpo_beta > 0, "> 0"),
-            ("environment_steps_per_pair", self.environment_steps_per_pair >= 1, ">= 1"),
         ):
             if not ok:
                 raise ValueError(f"`{name}` must be {rule}, got {getattr(self, name)}.")
-        self.critic_type = str(self.critic_type or "v").strip().lower()
-        if self.critic_type not in ("v", "q"):
-            raise ValueError(f"`critic_type` must be 'v' or 'q', got {self.critic_type!r}.")
-        collaboration = str(self.collaboration_mode).strip().lower()
-        if collaboration not in ("decentralized", "centralized"):
-            raise ValueError(
-                f"`collaboration_mode` must be 'decentralized' or 'centralized', got {self.collaboration_mode!r}."
-            )
+        self.critic_type = self.critic_type or "v"
+        check_fields(self, "MARLHFConfig")  # the table's limits and choices (lower-cased)
+        collaboration = self.collaboration_mode
         if collaboration == "centralized":
             if actor_critic:
                 raise NotImplementedError(
@@ -393,7 +240,6 @@ class MARLHFConfig(MAGRPOConfig):
                 )
             if hasattr(self, "comparator_generation_mode"):
                 self.comparator_generation_mode = "centralized"
-        self.collaboration_mode = collaboration
         if self.num_turns != 1:
             raise ValueError(f"MARLHF supports `num_turns=1` only (as CoMLRL 1.4.3), got {self.num_turns}.")
         if str(self.joint_mode).strip().lower() not in ("aligned", "align"):

@@ -325,19 +325,8 @@ def check_preference_pairs(pairs, num_agents: int) -> list[JointPreferencePair] 
 class RLHFTrainerBase(RewardModelStage):
     """TRL's trainer arguments and `train()` for a native RLHF trainer: `RewardModelStage` on a team trainer (the
     class after this one in the bases), with `config_class` its config. `MultiAgentRLHFTrainer` (MAGRPO online) and
-    `ActorCriticRLHFTrainer` (actor-critic online) are this on `MultiAgentGRPOTrainer` and `ActorCriticTrainer`.
-
-    Args:
-        model, args, train_dataset, eval_dataset, processing_class, callbacks, optimizers, peft_config, **kwargs:
-            As the team trainer's (`args` a `config_class`).
-        reward_funcs: The task reward (as `MultiAgentGRPOTrainer`'s `reward_funcs`, with `reward_processor`): it ranks
-            the team's joint samples into pairs and scores evaluation. Required.
-        reward_model (`JointRewardModel`, *optional*): the reward model to train; `None` builds one from
-            `args.reward_model_name`, else the agents' model.
-        preference_pairs (list of `JointPreferencePair`, *optional*): train the reward model on these (e.g. human
-            preferences) instead of pairs drawn from the team.
-
-    After `train()`: `trainer.reward_model` (trained), `trainer.preference_pairs`, `trainer.reward_model_history`.
+    `ActorCriticRLHFTrainer` (actor-critic online) are this on `MultiAgentGRPOTrainer` and `ActorCriticTrainer`; the
+    arguments are documented on `MultiAgentRLHFTrainer`.
     """
 
     config_class: type = RewardModelFields
@@ -395,7 +384,19 @@ class RLHFTrainerBase(RewardModelStage):
 
 class MultiAgentRLHFTrainer(RLHFTrainerBase, MultiAgentGRPOTrainer):
     """Multi-agent RLHF: a `MultiAgentGRPOTrainer` that trains on a `JointRewardModel`'s scores and evaluates on the
-    task reward (see the module docstring; the arguments are `RLHFTrainerBase`'s, `args` a `MultiAgentRLHFConfig`).
+    task reward (see the module docstring).
+
+    Args:
+        model, args, train_dataset, eval_dataset, processing_class, callbacks, optimizers, peft_config, **kwargs:
+            As `MultiAgentGRPOTrainer`'s (`args` a `MultiAgentRLHFConfig`).
+        reward_funcs: The task reward (as `MultiAgentGRPOTrainer`'s `reward_funcs`, with `reward_processor`): it ranks
+            the team's joint samples into pairs and scores evaluation. Required.
+        reward_model (`JointRewardModel`, *optional*): the reward model to train; `None` builds one from
+            `args.reward_model_name`, else the agents' model.
+        preference_pairs (list of `JointPreferencePair`, *optional*): train the reward model on these (e.g. human
+            preferences) instead of pairs drawn from the team.
+
+    After `train()`: `trainer.reward_model` (trained), `trainer.preference_pairs`, `trainer.reward_model_history`.
     """
 
     config_class = MultiAgentRLHFConfig
