@@ -36,7 +36,7 @@ from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedCom
 from ..rollout.evaluation import EvalTrajectories
 from .actor_critic import CRITIC_MODEL_CONFIG_KEYS, IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .centralized import role_trajectories
-from .fields import check_fields, comlrl_config
+from .fields import FAMILIES, ONLINE_CRITIC, STORED_AS, check_fields, comlrl_config
 from .preference import _one_actor
 from .reinforce import MAGRPOConfig, MAGRPOTrainer, _one_of
 
@@ -47,54 +47,20 @@ RL_ALGORITHMS = {"magrpo": "mean", "mareinforce": "raw", "maremax": "max", "marl
 ACTOR_CRITIC_ALGORITHMS = ("maac", "iac")
 RL_ALGORITHM_ALIASES = {"mareforce": "mareinforce"}
 REWARD_MODEL_DIR = "reward_model"  # under output_dir, and under every saved folder
-# Fields that CoMLRL's MARLHF accepts but reads only with an actor-critic back-end, or never: their defaults.
-CRITIC_DEFAULTS = {
-    "critic_model_name": None,
-    "critic_learning_rate": None,
-    "critic_devices": None,
-    "use_separate_critic": True,
-    "critic_type": "v",
-    "value_loss_coef": 0.6,
-    "value_clip_range": 0.2,
-    "critic_value_head_hidden_dim": None,
-    "value_head_hidden_dim": None,
-}
-UNUSED_MADPO_DEFAULTS = {"dpo_beta": 0.1, "use_environment_step": True, "environment_steps_per_pair": 2}
-# IAC's critic fields that MAAC (one joint critic model) has no use for: only their defaults are accepted.
-MAAC_UNUSED_DEFAULTS = {"use_separate_critic": True, "value_clip_range": 0.2, "value_head_hidden_dim": None}
+# Fields that CoMLRL's MARLHF accepts but reads only with an actor-critic back-end, or never: only their defaults are
+# accepted otherwise (read off the config class).
+CRITIC_FIELDS = tuple(row.name for row in FAMILIES["MARLHFConfig"] if row.native.endswith(ONLINE_CRITIC))
+UNUSED_MADPO_FIELDS = ("dpo_beta", "use_environment_step", "environment_steps_per_pair")
+# IAC's critic fields that MAAC (one joint critic model) has no use for.
+MAAC_UNUSED_FIELDS = ("use_separate_critic", "value_clip_range", "value_head_hidden_dim")
 # The MARLHF fields the online actor-critic config is built from (CoMLRL's `_build_actor_critic_common_config` and
-# `_build_iac_config`; `train_batch_size`/`eval_batch_size` are read from their stored CoMLRL values).
+# `_build_iac_config`): CoMLRL's IACConfig fields, less the batch sizes (read from their stored CoMLRL values), plus
+# three IAC shares with MAGRPO.
 ACTOR_CRITIC_FIELDS = (
-    "agent_learning_rate",
-    "critic_learning_rate",
-    "rollout_buffer_size",
-    "value_loss_coef",
-    "advantage_normalization",
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
+    *(row.name for row in FAMILIES["IACConfig"] if row.name not in STORED_AS),
     "num_train_epochs",
-    "num_agents",
-    "num_generations",
-    "num_turns",
-    "parallel_training",
-    "agent_devices",
-    "critic_devices",
     "external_prompt_passthrough",
-    "discount",
-    "critic_type",
-    "early_termination_threshold",
-    "eval_interval",
-    "eval_num_samples",
-    "logging_steps",
-    "reference_kl_enabled",
-    "reference_kl_coef",
     "reference_devices",
-    "use_separate_critic",
-    "value_clip_range",
-    "critic_value_head_hidden_dim",
-    "value_head_hidden_dim",
 )
 # `model_config` keys the online actor-critic trainer reads (the agents are already loaded: their keys are not passed).
 ONLINE_MODEL_CONFIG_KEYS = ("torch_dtype", "dtype", "attn_implementation", *CRITIC_MODEL_CONFIG_KEYS)
@@ -247,14 +213,15 @@ class MARLHFConfig(MAGRPOConfig):
                 f"MARLHF's reward model scores aligned joint samples only: set `joint_mode='aligned'`, got "
                 f"{self.joint_mode!r}."
             )
-        checks = [(UNUSED_MADPO_DEFAULTS, "is a MADPO field that MARLHF never reads (CoMLRL ignores it too)")]
+        checks = [(UNUSED_MADPO_FIELDS, "is a MADPO field that MARLHF never reads (CoMLRL ignores it too)")]
         if not actor_critic:
             why = f"serves `rl_algorithm='iac'`/`'maac'`, not `rl_algorithm={algorithm!r}`"
-            checks.append((CRITIC_DEFAULTS, why))
+            checks.append((CRITIC_FIELDS, why))
         elif algorithm == "maac":
-            checks.append((MAAC_UNUSED_DEFAULTS, "serves IAC's critics; MAAC trains one joint critic model"))
-        for defaults, why in checks:
-            for name, default in defaults.items():
+            checks.append((MAAC_UNUSED_FIELDS, "serves IAC's critics; MAAC trains one joint critic model"))
+        for names, why in checks:
+            for name in names:
+                default = self.__dataclass_fields__[name].default
                 if getattr(self, name) != default:
                     raise ValueError(f"`{name}={getattr(self, name)!r}` {why}: leave it at its default ({default!r}).")
         if algorithm == "iac" and not self.use_separate_critic and self.critic_model_name is not None:
@@ -285,7 +252,7 @@ class MARLHFConfig(MAGRPOConfig):
         generations = values["num_generations"]
         values["rollout_buffer_size"] = -(-values["rollout_buffer_size"] // generations) * generations
         if self.rl_algorithm == "maac":
-            for name in MAAC_UNUSED_DEFAULTS:
+            for name in MAAC_UNUSED_FIELDS:
                 values.pop(name)
             hidden = values.pop("critic_value_head_hidden_dim")
             check_hidden_dim(hidden, "critic_value_head_hidden_dim")
@@ -300,34 +267,14 @@ class MARLHFConfig(MAGRPOConfig):
 
 
 class MARLHFTrainer(RewardModelStage, MAGRPOTrainer):
-    """Multi-agent RLHF with CoMLRL 1.4.3's `MARLHFTrainer` arguments: pairs from the task reward, a joint reward
-    model trained on them, then MAGRPO's port trained online on the reward model's scores (see the module
-    docstring for the steps and the differences from CoMLRL).
-
-    `agent_model`, `agents`, `num_agents`, `tokenizer`, `model_config`, `train_dataset`, `eval_dataset`,
-    `reward_func`, `reward_processor`, `formatters`, `external_transition`, `wandb_config`, `eval_logger` and
-    `eval_aggregator` are as in `MAGRPOTrainer`; `reward_func` (with `reward_processor`) is the task reward: it ranks
-    the preference candidates and scores evaluation; training uses the reward model.
-
-    Args:
-        args (`MARLHFConfig`, *optional*): `None` uses `MARLHFConfig()`.
-        centralized_comparator_adapter (*optional*):
-            With `collaboration_mode="centralized"`: builds the joint prompt from the role formatters and splits the
-            joint completion into the roles (`build_prompt(item, role_prompts)`, `parse_completion(completion, item,
-            num_agents)`); `None` is `TaggedCentralizedComparatorAdapter()`, as in CoMLRL. Checked in either mode,
-            used only in centralized mode, which takes one model (`agent_model`, or `agents` of one) and one
-            tokenizer.
-        critic_model (`str` or model, *optional*), critics (list, *optional*):
-            The critics of `rl_algorithm="iac"`/`"maac"` (IAC: one per agent; MAAC: one), as `IACTrainer`'s;
-            without them `critic_model_name`, else the agents' model.
-        metrics_callback (callable, *optional*): passed to the online `IACTrainer`/`MAACTrainer`.
-        reward_model (`JointRewardModel`, *optional*):
-            Beyond CoMLRL: the reward model to train, instead of loading `args.reward_model_name`.
-        **kwargs: `MultiAgentGRPOTrainer`'s TRL arguments (`peft_config`, `callbacks`, ...).
-
-    After `train()`: `trainer.reward_model` (the trained `JointRewardModel`, in eval mode), `trainer.preference_pairs`
-    and `trainer.reward_model_history` (every reward-model step's loss, accuracy and margin); with `"iac"`/`"maac"`,
-    `trainer.online_trainer` (the online phase's `IACTrainer`/`MAACTrainer`, holding the critics).
+    """Multi-agent RLHF with CoMLRL 1.4.3's `MARLHFTrainer` arguments, in its order: `MAGRPOTrainer`'s (`reward_func`,
+    with `reward_processor`, is the task reward: it ranks the preference candidates and scores evaluation), then
+    `centralized_comparator_adapter` (CoMLRL's, checked in either mode, used with `collaboration_mode="centralized"`),
+    `metrics_callback`, `critic_model` and `critics` (the actor-critic back-ends': IAC one critic per agent, MAAC one;
+    without them `critic_model_name`, else the agents' model), and beyond CoMLRL `reward_model` (a `JointRewardModel`
+    to train instead of loading `args.reward_model_name`). After `train()`: `reward_model`, `preference_pairs`,
+    `reward_model_history`; with `"iac"`/`"maac"`, `online_trainer` (holding the critics). docs/preference.md has
+    the steps and the differences from CoMLRL.
     """
 
     default_config_cls = MARLHFConfig
