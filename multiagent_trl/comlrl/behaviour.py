@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl.trainer.utils import RepeatSampler
 
-from ..rewards.centralized import CentralizedCollaboration
+from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
 from ..team.loading import load_agents, load_processing_classes
 from ..team.snapshots import RunSnapshots
 
@@ -158,6 +158,38 @@ def one_actor(agents, tokenizer, num_roles: int, algorithm: str = "MADPO"):
             raise ValueError(f"Centralized {algorithm} has one actor model and one tokenizer; got {len(tokenizer)}.")
         tokenizer = tokenizer[0]
     return agents, tokenizer
+
+
+def comparator_adapter(adapter):
+    """CoMLRL's `centralized_comparator_adapter` (MADPO, MARLHF): `None` is the tagged one; checked in either mode,
+    used in centralized mode."""
+    adapter = TaggedCentralizedComparatorAdapter() if adapter is None else adapter
+    check_adapter(adapter, "centralized_comparator_adapter")
+    return adapter
+
+
+def as_one_actor(config, finish) -> None:
+    """Run `finish()` (a config's mapping onto the core and the core's checks); with `collaboration_mode=
+    "centralized"` one actor writes every role, so it runs with `num_agents=1` (everything read per agent is the one
+    model's) and `num_agents` is then the role count again, as in CoMLRL. The comparator fields of the iterative
+    configs get CoMLRL's centralized checks."""
+    if config.collaboration_mode != "centralized":
+        return finish()
+    if getattr(config, "comparator_centralized_agent_index", 0) != 0:
+        raise ValueError(
+            "Centralized collaboration has one actor: `comparator_centralized_agent_index` must be 0, got "
+            f"{config.comparator_centralized_agent_index}."
+        )
+    if hasattr(config, "comparator_generation_mode"):
+        config.comparator_generation_mode = "centralized"
+    roles = config.num_agents
+    if roles is None or roles < 1:
+        raise ValueError(f"`num_agents` (the number of roles) must be at least 1, got {roles}.")
+    config.num_agents = 1
+    try:
+        finish()
+    finally:
+        config.num_agents = roles
 
 
 def centralized_team(adapter, agents, tokenizer, reward_func, formatters, num_roles: int, args, kwargs: dict, algo):

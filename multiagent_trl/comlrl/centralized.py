@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..rewards.centralized import check_adapter
 from ..rollout.evaluation import EvalTrajectories, role_trajectories
-from .behaviour import centralized_team
+from .behaviour import as_one_actor, centralized_team
 from .reinforce import MAGRPOConfig, MAGRPOTrainer
 
 __all__ = ["CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer", "role_trajectories"]  # `marlhf` imports the last
@@ -33,15 +33,7 @@ class CentralizedMAGRPOConfig(MAGRPOConfig):
             )
         if self.num_turns != 1:
             raise ValueError(f"`num_turns` must be 1 for centralized MAGRPO (single-turn only), got {self.num_turns}.")
-        roles = self.num_agents
-        if roles is None or roles < 1:
-            raise ValueError(f"`num_agents` (the number of roles) must be at least 1, got {roles}.")
-        # Everything the core checks per agent is the one model's; `num_agents` stays the role count, as in CoMLRL.
-        self.num_agents = 1
-        try:
-            super().__post_init__()
-        finally:
-            self.num_agents = roles
+        as_one_actor(self, super().__post_init__)
 
 
 class CentralizedMAGRPOTrainer(MAGRPOTrainer):

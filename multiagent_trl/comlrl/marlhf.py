@@ -16,7 +16,6 @@ its reason, are in docs/preference.md ("MARLHF") and docs/comlrl-users.md.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -32,13 +31,13 @@ from ..actor_critic.trainer import check_critic_vocabulary
 from ..actor_critic.value_model import model_config_of
 from ..preference.reward_model import JointRewardModel
 from ..preference.rlhf import RewardModelStage, check_reward_model_fields
-from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
+from ..rewards.centralized import CentralizedCollaboration
 from ..rollout.evaluation import EvalTrajectories
 from .actor_critic import CRITIC_MODEL_CONFIG_KEYS, IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from .behaviour import as_one_actor, centralized_team, comparator_adapter
 from .centralized import role_trajectories
 from .fields import FAMILIES, ONLINE_CRITIC, STORED_AS, check_fields, comlrl_config
-from .preference import _one_actor
-from .reinforce import MAGRPOConfig, MAGRPOTrainer, _one_of
+from .reinforce import MAGRPOConfig, MAGRPOTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -126,19 +125,7 @@ class MARLHFConfig(MAGRPOConfig):
 
     def __post_init__(self):
         self._check_marlhf_fields()
-        if self.collaboration_mode != "centralized":
-            super().__post_init__()
-            return
-        # One actor writes every role: everything the host reads per agent (devices, learning rates, ...) is the one
-        # model's, and `num_agents` stays the role count, as in CoMLRL.
-        roles = self.num_agents
-        if roles is None or roles < 1:
-            raise ValueError(f"`num_agents` (the number of roles) must be at least 1, got {roles}.")
-        self.num_agents = 1
-        try:
-            super().__post_init__()
-        finally:
-            self.num_agents = roles
+        as_one_actor(self, super().__post_init__)
 
     def _check_marlhf_fields(self) -> None:
         """CoMLRL 1.4.3's checks of `MARLHFConfig` and of MADPO's fields, and what this port does not support,
@@ -190,22 +177,12 @@ class MARLHFConfig(MAGRPOConfig):
                 raise ValueError(f"`{name}` must be {rule}, got {getattr(self, name)}.")
         self.critic_type = self.critic_type or "v"
         check_fields(self, "MARLHFConfig")  # the table's limits and choices (lower-cased)
-        collaboration = self.collaboration_mode
-        if collaboration == "centralized":
-            if actor_critic:
-                raise NotImplementedError(
-                    f"`collaboration_mode='centralized'` with `rl_algorithm={algorithm!r}` is not ported: the "
-                    f"centralized team trains online with the MAGRPO family ({list(RL_ALGORITHMS)}); use one of "
-                    "those, or `collaboration_mode='decentralized'` for the actor-critic back-ends."
-                )
-            # CoMLRL's checks of the iterative configs' comparator fields, where they exist.
-            if getattr(self, "comparator_centralized_agent_index", 0) != 0:
-                raise ValueError(
-                    "Centralized collaboration has one actor: `comparator_centralized_agent_index` must be 0, got "
-                    f"{self.comparator_centralized_agent_index}."
-                )
-            if hasattr(self, "comparator_generation_mode"):
-                self.comparator_generation_mode = "centralized"
+        if self.collaboration_mode == "centralized" and actor_critic:
+            raise NotImplementedError(
+                f"`collaboration_mode='centralized'` with `rl_algorithm={algorithm!r}` is not ported: the "
+                f"centralized team trains online with the MAGRPO family ({list(RL_ALGORITHMS)}); use one of "
+                "those, or `collaboration_mode='decentralized'` for the actor-critic back-ends."
+            )
         if self.num_turns != 1:
             raise ValueError(f"MARLHF supports `num_turns=1` only (as CoMLRL 1.4.3), got {self.num_turns}.")
         if str(self.joint_mode).strip().lower() not in ("aligned", "align"):
@@ -308,29 +285,16 @@ class MARLHFTrainer(RewardModelStage, MAGRPOTrainer):
         args = args if args is not None else self.default_config_cls()
         if not isinstance(args, MARLHFConfig):
             raise TypeError(f"`args` is a {type(args).__name__}; MARLHFTrainer needs a MARLHFConfig.")
-        # CoMLRL checks the adapter (its default: the tagged one) in either mode, and uses it in centralized mode.
-        adapter = centralized_comparator_adapter
-        adapter = TaggedCentralizedComparatorAdapter() if adapter is None else adapter
-        check_adapter(adapter, "centralized_comparator_adapter")
-        self.centralized_comparator_adapter = adapter
+        self.centralized_comparator_adapter = adapter = comparator_adapter(centralized_comparator_adapter)
         self.centralized_collaboration: CentralizedCollaboration | None = None
         self.num_roles = num_agents
         self._check_online_arguments(args, metrics_callback, critic_model, critics, eval_logger, kwargs)
         if args.collaboration_mode == "centralized":
-            agents = _one_of("model", kwargs.pop("model", None), "agents", agents)
-            agents, tokenizer = _one_actor(agents, tokenizer, num_agents, "MARLHF")
-            reward_func = _one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", reward_func)
-            if not callable(reward_func):
-                raise ValueError(f"`reward_func` must be one callable (the roles' joint reward), got {reward_func!r}.")
-            if num_agents != args.num_agents:
-                raise ValueError(
-                    f"`num_agents={num_agents}` (the number of roles) must equal `args.num_agents={args.num_agents}`."
-                )
-            self.centralized_collaboration = CentralizedCollaboration(adapter, formatters, reward_func, num_agents)
+            self.centralized_collaboration, agents, tokenizer, args = centralized_team(
+                adapter, agents, tokenizer, reward_func, formatters, num_agents, args, kwargs, "MARLHF"
+            )
             formatters, reward_func = self.centralized_collaboration.build_prompt, self.centralized_collaboration
-            # The host trains one model: its config says one agent; the user's config keeps the role count.
-            args = copy.copy(args)
-            args.num_agents = num_agents = 1
+            num_agents = 1
         model_config = dict(model_config) if model_config is not None else None
         critic_config = {}  # CoMLRL's critic loading keys, read by the actor-critic back-ends only
         if model_config is not None and args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:

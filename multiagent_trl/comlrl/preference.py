@@ -15,9 +15,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..preference.config import MultiAgentDPOConfig
 from ..preference.trainer import DPO_TAG_NAMES, MultiAgentDPOTrainer
-from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
+from ..rewards.centralized import CentralizedCollaboration
 from ..rollout.evaluation import EvalTrajectories, role_trajectories
-from .behaviour import centralized_team, decay_every_parameter, one_actor
+from .behaviour import as_one_actor, centralized_team, comparator_adapter, decay_every_parameter
 from .fields import (
     CoMLRLOptimization,
     CoMLRLShared,
@@ -29,7 +29,6 @@ from .fields import (
 )
 from .reinforce import MAGRPOTrainer
 
-_one_actor = one_actor  # the name `marlhf` imports
 logger = logging.getLogger(__name__)
 
 # MAGRPO's fields that CoMLRL's MADPOConfig accepts and its MADPO never reads (single turn, no advantages, the W&B
@@ -70,17 +69,7 @@ class MADPOConfig(CoMLRLOptimization, CoMLRLShared, MultiAgentDPOConfig):
 
     def __post_init__(self):
         self._check_comlrl_fields()
-        if self.collaboration_mode != "centralized":
-            self._map_fields()
-            return
-        # One actor writes every role: everything read per agent (devices, learning rates, ...) is the one model's,
-        # and `num_agents` stays the role count, as in CoMLRL.
-        roles = self.num_agents
-        self.num_agents = 1
-        try:
-            self._map_fields()
-        finally:
-            self.num_agents = roles
+        as_one_actor(self, self._map_fields)
 
     def _map_fields(self) -> None:
         """CoMLRL's fields onto the core's, then the core's own checks."""
@@ -108,15 +97,6 @@ class MADPOConfig(CoMLRLOptimization, CoMLRLShared, MultiAgentDPOConfig):
         rest), raised before anything is mapped."""
         check_fields(self, "MADPOConfig")
         check_parallel(self, "agent_devices")
-        # CoMLRL's checks of the iterative configs' comparator fields, where they exist.
-        if self.collaboration_mode == "centralized":
-            if getattr(self, "comparator_centralized_agent_index", 0) != 0:
-                raise ValueError(
-                    "Centralized collaboration has one actor: `comparator_centralized_agent_index` must be 0, got "
-                    f"{self.comparator_centralized_agent_index}."
-                )
-            if hasattr(self, "comparator_generation_mode"):
-                self.comparator_generation_mode = "centralized"
         if self.reference_kl_enabled:
             raise ValueError(
                 "`reference_kl_enabled=True` has no effect on CoMLRL's MADPO loss (it loads reference models and "
@@ -169,11 +149,7 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
         args = args if args is not None else self.default_config_cls()
         if not isinstance(args, MADPOConfig):
             raise TypeError(f"`args` is a {type(args).__name__}; MADPOTrainer needs a MADPOConfig.")
-        # CoMLRL checks the adapter (its default: the tagged one) in either mode, and uses it in centralized mode.
-        adapter = centralized_comparator_adapter
-        adapter = TaggedCentralizedComparatorAdapter() if adapter is None else adapter
-        check_adapter(adapter, "centralized_comparator_adapter")
-        self.centralized_comparator_adapter = adapter
+        self.centralized_comparator_adapter = adapter = comparator_adapter(centralized_comparator_adapter)
         self.centralized_collaboration: CentralizedCollaboration | None = None
         self.num_roles = num_agents
         if args.collaboration_mode == "centralized":

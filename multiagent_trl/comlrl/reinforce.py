@@ -17,7 +17,6 @@ from .behaviour import CoMLRLBehaviour, agent_sources, apply_model_config, one_o
 from .fields import CoMLRLShared, check_fields, check_parallel, comlrl_config, confirm_devices, device_list, map_shared
 
 logger = logging.getLogger(__name__)
-_one_of = one_of  # the name `marlhf` imports
 
 # CoMLRL's advantage_mode -> the core's advantage_baseline.
 ADVANTAGE_MODES = {"mean": "mean", "raw": "none", "max": "max", "rloo": "leave_one_out"}
