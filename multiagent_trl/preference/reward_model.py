@@ -191,14 +191,14 @@ class JointRewardModel(nn.Module):
         `span_mask` `(B, N, T)` marks agent i's response tokens (`tokenize` builds it); the span poolings need it.
         """
         position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T): left padding scores as none
-        outputs = self.backbone(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            output_hidden_states=True,
-            use_cache=False,
-        )
-        hidden = outputs.hidden_states[-1]  # (B, T, H)
+        rows = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        decoder = self.backbone.get_decoder() if hasattr(self.backbone, "get_decoder") else None
+        if isinstance(decoder, nn.Module) and decoder is not self.backbone:
+            # The decoder alone: the same last hidden states, without the LM head's logits over the vocabulary and
+            # every layer's states (half the time on the tiny model, far more with a real vocabulary).
+            hidden = decoder(**rows).last_hidden_state  # (B, T, H)
+        else:
+            hidden = self.backbone(**rows, output_hidden_states=True).hidden_states[-1]
         return self.reward_head(self.pool(hidden, attention_mask, span_mask)).squeeze(-1)  # (B,)
 
     def pool(
