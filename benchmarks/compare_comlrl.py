@@ -289,6 +289,9 @@ class Settings:
         default=0.0, metadata={"help": "With --family ac: the critics' learning rate; 0 means --learning-rate."}
     )
     value_loss_coef: float = field(default=0.6, metadata={"help": "With --family ac: weight of the value loss."})
+    value_normalization: bool = field(
+        default=False, metadata={"help": "With --family ac: ours' critics learn standardized targets."}
+    )
     preference_num_candidates: int = field(
         default=8, metadata={"help": "With --family preference: joint candidates sampled per prompt for pairs (K)."}
     )
@@ -525,6 +528,7 @@ def ac_trainer(
         from multiagent_trl import IACConfig, IACTrainer, MAACConfig, MAACTrainer, RewardProcessors
 
         bookkeeping = dict(output_dir=output_dir, seed=seed, report_to="none", disable_tqdm=True)
+        bookkeeping["value_normalization"] = settings.value_normalization
     config_class, trainer_class = {"iac": (IACConfig, IACTrainer), "maac": (MAACConfig, MAACTrainer)}[trainer]
     config = config_class(
         num_train_epochs=settings.epochs,
@@ -591,6 +595,7 @@ def native_ac_trainer(
         learning_rate=settings.learning_rate,
         critic_learning_rate=settings.critic_learning_rate or settings.learning_rate,
         value_loss_coef=settings.value_loss_coef,
+        value_normalization=settings.value_normalization,
         advantage_normalization=settings.advantage_normalization,
         critic_type=settings.critic_type,
         joint_critic=trainer == "maac",

@@ -85,6 +85,7 @@ class CurveSettings:
     learning_rate: float = field(default=0.0, metadata={"help": "Every family's learning rate; 0: per family."})
     critic_learning_rate: float = field(default=0.0, metadata={"help": "Actor-critic: critics' rate; 0: the same."})
     value_loss_coef: float = field(default=0.6, metadata={"help": "Actor-critic: weight of the value loss."})
+    value_normalization: bool = field(default=False, metadata={"help": "Actor-critic: ours' critics standardized."})
     advantage_normalization: bool = field(default=True, metadata={"help": "Actor-critic and MAGRPO (CoMLRL's)."})
     libraries: list[str] = field(
         default_factory=lambda: list(shared.LIBRARIES), metadata={"help": "multiagent_trl, comlrl or both."}
@@ -130,6 +131,7 @@ def shared_settings(settings: CurveSettings, family: str) -> shared.Settings:
         ours_api="native" if family == "ac-native" else "comlrl",
         critic_learning_rate=settings.critic_learning_rate,
         value_loss_coef=settings.value_loss_coef,
+        value_normalization=settings.value_normalization,
         preference_num_candidates=SAMPLES_PER_PROMPT,
         preference_pairs_per_sample=4,
         preference_train_batch_size=4,

@@ -58,6 +58,11 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
         advantage_normalization (`bool`, *optional*, defaults to `True`):
             Standardize each agent's advantages over its completions of the whole generation batch (gathered across
             processes; population std, at least 1e-6). `False` keeps `y - V_old`.
+        value_normalization (`bool`, *optional*, defaults to `False`):
+            Each critic learns its targets standardized by running statistics of the targets (moving averages of
+            their mean and square, `actor_critic.value_norm.ValueNormalizer`), and its outputs are read back in the
+            reward's scale for the advantages and TD targets: the critic keeps up whatever the reward's scale. The
+            statistics are saved with each checkpoint (`value_norm.pt`).
 
     Multi-turn episodes (`num_turns > 1`, with the trainer's `external_transition`): each turn's target is the TD(0)
     target `r_t + discount * V_old(t + 1)` (the last turn played: its return), advantages are standardized per turn,
@@ -105,6 +110,10 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
     advantage_normalization: bool = field(
         default=True,
         metadata={"help": "Standardize each agent's advantages over the generation batch (population std)."},
+    )
+    value_normalization: bool = field(
+        default=False,
+        metadata={"help": "Critics learn value targets standardized by running statistics (MAPPO's ValueNorm)."},
     )
 
     def __post_init__(self):

@@ -47,11 +47,13 @@ from .estimators import (
 )
 from .samples import RolloutSample, episode_samples
 from .value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHead, model_config_of
+from .value_norm import ValueNormalizer
 
 # Keys `_score_agents` adds to each agent's part of the batch; `_compute_loss` takes them out before TRL's loss.
 CRITIC_KEYS = ("old_values", "value_targets", "critic_positions", "critic_input_ids", "critic_attention_mask")
 CRITIC_FOLDER = "critic"
 CRITIC_SETTINGS_FILE = "critics.json"  # at the checkpoint's root: what its critics are (`critic_settings`)
+VALUE_NORM_FILE = "value_norm.pt"  # at the checkpoint's root: each critic's `ValueNormalizer` statistics
 
 
 class CriticRouting:
@@ -240,6 +242,9 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             for critic in critics:
                 disable_dropout_in_model(critic)
         attach_critics(self.model, critics)
+        # Each critic's target statistics (`value_normalization`), kept beside it: the critic outputs standardized
+        # values, read back in the reward's scale.
+        self.value_normalizers = [ValueNormalizer() for _ in critics] if args.value_normalization else None
         if self.logprob_temperature is not None:
             self._score_at_temperature(self.logprob_temperature)
 
@@ -377,24 +382,35 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             old = self._rollout_values(0, ids, mask, positions)
             outputs[0].update(critic_input_ids=ids, critic_attention_mask=mask, critic_positions=positions)
         groups = None if batch.turns is None else self.accelerator.gather(batch.turns)  # CoMLRL: per turn
+        targets_seen: dict[int, list[torch.Tensor]] = {}  # each critic's targets of this batch, every process's
         for i, output in enumerate(outputs):
+            critic = 0 if self.args.joint_critic else i
             if not self.args.joint_critic:
                 ids, mask, positions = self._agent_critic_inputs(output)
                 old = self._rollout_values(i, ids, mask, positions)
                 output["critic_positions"] = positions
+            values = self.critic_values_in_reward_scale(critic, old)  # V_old in the targets' scale
             target = weighted_sum(batch.credit[i][start : start + rows].to(device), weights).float()  # (rows,)
             if batch.successors is not None:  # a multi-turn rollout: TD targets, untrained rows left out
-                target = bootstrapped_targets(target, old, batch.successors, self.args.discount)
+                target = bootstrapped_targets(target, values, batch.successors, self.args.discount)
                 target = target.masked_fill(~batch.trained, float("nan"))
-            target_all, old_all = self.accelerator.gather(target), self.accelerator.gather(old)
+            target_all, old_all = self.accelerator.gather(target), self.accelerator.gather(values)
             advantage = advantages(target_all, old_all, normalize=self.args.advantage_normalization, groups=groups)
             output["advantages"] = advantage[start : start + rows].to(device)
-            output["old_values"] = old
+            output["old_values"] = old  # the critic's own outputs (value clipping compares them with its new ones)
             output["value_targets"] = target
+            targets_seen.setdefault(critic, []).append(target_all)
             prefix = self.agent_metric_prefix(i)
             trained = ~torch.isnan(target_all)
             self._metrics[mode][f"{prefix}value_mean"].append(old_all.float()[trained].mean().item())
             self._metrics[mode][f"{prefix}value_target_mean"].append(torch.nanmean(target_all.float()).item())
+        if self.value_normalizers is not None:
+            # The statistics move with a training batch's targets, then the critics learn them standardized.
+            for critic, seen in targets_seen.items() if mode == "train" else ():
+                self.value_normalizers[critic].update(torch.cat(seen))
+            for i, output in enumerate(outputs):
+                normalizer = self.value_normalizers[0 if self.args.joint_critic else i]
+                output["value_targets"] = normalizer.normalize(output["value_targets"])
         if self.rollout_metrics is not None and self._batch_rows is not None:
             self._log_rollout_metrics(batch, outputs, mode)
         return outputs
@@ -462,6 +478,13 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             ids[k, : len(row)], mask[k, : len(row)] = torch.tensor(row), 1
         positions = torch.tensor([len(row) - 1 for row in encoded])
         return ids.to(device), mask.to(device), positions.to(device)
+
+    def critic_values_in_reward_scale(self, index: int, values: torch.Tensor) -> torch.Tensor:
+        """Critic `index`'s outputs read in the targets' (the reward's) scale: as they are, or, with
+        `value_normalization`, de-standardized by its running statistics."""
+        if self.value_normalizers is None:
+            return values
+        return self.value_normalizers[index].denormalize(values)
 
     @torch.no_grad()
     def _rollout_values(self, index: int, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
@@ -579,7 +602,12 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
         """What a checkpoint records of its critics (`critics.json`), so that a trainer whose critics read other
         positions or texts refuses it: `critic_type`, `critic_kind`, `joint_critic`."""
         args = self.args
-        return {"critic_type": args.critic_type, "critic_kind": args.critic_kind, "joint_critic": args.joint_critic}
+        return {
+            "critic_type": args.critic_type,
+            "critic_kind": args.critic_kind,
+            "joint_critic": args.joint_critic,
+            "value_normalization": args.value_normalization,  # standardized outputs mean nothing without it
+        }
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         super()._save(output_dir, state_dict)
@@ -589,6 +617,9 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
                 self.save_critic(k, output_dir)
             with open(os.path.join(output_dir, CRITIC_SETTINGS_FILE), "w", encoding="utf-8") as f:
                 json.dump(self.critic_settings(), f, indent=2)
+            if self.value_normalizers is not None:
+                states = [normalizer.state_dict() for normalizer in self.value_normalizers]
+                torch.save(states, os.path.join(output_dir, VALUE_NORM_FILE))
 
     def shared_folders(self) -> dict[str, str]:
         """A joint critic (`critic/`, MAAC), described for the Hub card; IAC critics are in their agents' folders."""
@@ -620,7 +651,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             heads = [os.path.join(f"agent_{k}", VALUE_HEAD_FILE) for k in range(self.num_critics)]
         else:
             heads = [os.path.join(self.critic_dir("", k), VALUE_HEAD_FILE) for k in range(self.num_critics)]
-        return [*super().checkpoint_files(folder), *heads]
+        norms = [VALUE_NORM_FILE] if self.value_normalizers is not None else []
+        return [*super().checkpoint_files(folder), *heads, *norms]
 
     def check_checkpoint(self, folder: str) -> None:
         """`MultiAgentGRPOTrainer.check_checkpoint`, the critics' files included, and the critics' settings: a
@@ -660,6 +692,10 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         for k in range(self.num_critics):
             self.load_critic(k, resume_from_checkpoint)
+        if self.value_normalizers is not None:
+            states = torch.load(os.path.join(resume_from_checkpoint, VALUE_NORM_FILE), weights_only=True)
+            for normalizer, state in zip(self.value_normalizers, states):
+                normalizer.load_state_dict(state)
 
     def load_critic(self, index: int, output_dir: str) -> None:
         """Load critic `index`'s weights from what `save_critic` wrote under `output_dir` (resuming)."""
