@@ -5,6 +5,7 @@ the config pieces every CoMLRL config shares: CoMLRL's optimization defaults, it
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Sequence
@@ -117,6 +118,7 @@ FAMILIES = {
     "MADPOConfig": SHARED + MADPO,
     "MARLHFConfig": MARLHF,
 }
+TABLE_HELP = "CoMLRL's; here: "  # how a field's help from the table starts
 STORED_AS = {"train_batch_size": "comlrl_train_batch_size", "eval_batch_size": "comlrl_eval_batch_size"}
 
 
@@ -173,6 +175,19 @@ class CoMLRLOptimization:
     lr_scheduler_type: str = field(default="constant", metadata={"help": "Learning-rate schedule (CoMLRL: none)."})
     max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping; 0 disables it (CoMLRL: none)."})
     shuffle_dataset: bool = field(default=False, metadata={"help": "Shuffle the dataset (CoMLRL: dataset order)."})
+
+
+@dataclass
+class CoMLRLPreferenceFields:
+    """CoMLRL 1.4.3's preference fields with its defaults, which its `MARLHFConfig` inherits from `MADPOConfig`: the
+    pairs (K candidates per item, pairs kept, their selection) and MADPO's own (`dpo_beta`, CoMLRL's W&B x-axis)."""
+
+    preference_num_candidates: int = 80
+    preference_pairs_per_sample: int | None = 16
+    pair_selection: str = "reward_gap"
+    dpo_beta: float = 0.1
+    use_environment_step: bool = True
+    environment_steps_per_pair: int = 2
 
 
 @dataclass
@@ -274,8 +289,13 @@ def comlrl_config(family: str):
             for name in vars(c).get("__annotations__", {})
         }
         for row in FAMILIES[family]:  # CoMLRL's own fields only: an inherited one is the native config's too
-            if row.name in ours and "help" not in declared[row.name].metadata:
-                text = f"CoMLRL's; here: {row.native}."
+            if row.name not in ours:
+                continue
+            given = declared[row.name].metadata.get("help")
+            if given is None or given.startswith(TABLE_HELP):
+                # A copy for this class: a field inherited from another family's config keeps that family's text.
+                declared[row.name] = copy.copy(declared[row.name])
+                text = f"{TABLE_HELP}{row.native}."
                 declared[row.name].metadata = MappingProxyType({**declared[row.name].metadata, "help": text})
         for name in STORED_AS:
             trainer_property = getattr(TrainingArguments, name)

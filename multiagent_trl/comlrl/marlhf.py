@@ -36,7 +36,7 @@ from ..rollout.evaluation import EvalTrajectories
 from .actor_critic import CRITIC_MODEL_CONFIG_KEYS, IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .behaviour import as_one_actor, centralized_team, comparator_adapter
 from .centralized import role_trajectories
-from .fields import FAMILIES, ONLINE_CRITIC, STORED_AS, check_fields, comlrl_config
+from .fields import FAMILIES, ONLINE_CRITIC, STORED_AS, CoMLRLPreferenceFields, check_fields, comlrl_config
 from .reinforce import MAGRPOConfig, MAGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ SHARED_TRL_FIELDS = (
 
 @comlrl_config("MARLHFConfig")
 @dataclass
-class MARLHFConfig(MAGRPOConfig):
+class MARLHFConfig(CoMLRLPreferenceFields, MAGRPOConfig):
     r"""
     `MAGRPOConfig` accepting every field of CoMLRL 1.4.3's `MARLHFConfig`, with its defaults and checks: the
     reward-model stage's fields (as `MultiAgentRLHFConfig`'s), `rl_algorithm` (the online phase: the MAGRPO family's
@@ -99,12 +99,6 @@ class MARLHFConfig(MAGRPOConfig):
         default=None, metadata={"help": "MAGRPO's field; unused by single-turn MARLHF."}
     )
     collaboration_mode: str = "decentralized"
-    preference_num_candidates: int = 80
-    preference_pairs_per_sample: int | None = 16
-    pair_selection: str = "reward_gap"
-    dpo_beta: float = 0.1
-    use_environment_step: bool = True
-    environment_steps_per_pair: int = 2
     rl_algorithm: str = "magrpo"
     reward_model_name: str | None = None
     reward_model_device: str | None = "cuda:0"

@@ -20,6 +20,7 @@ from ..rollout.evaluation import EvalTrajectories, role_trajectories
 from .behaviour import as_one_actor, centralized_team, comparator_adapter, decay_every_parameter
 from .fields import (
     CoMLRLOptimization,
+    CoMLRLPreferenceFields,
     CoMLRLShared,
     check_fields,
     check_parallel,
@@ -40,7 +41,7 @@ UNUSED_FIELDS += ("environment_steps_per_pair",)
 
 @comlrl_config("MADPOConfig")
 @dataclass
-class MADPOConfig(CoMLRLOptimization, CoMLRLShared, MultiAgentDPOConfig):
+class MADPOConfig(CoMLRLOptimization, CoMLRLShared, CoMLRLPreferenceFields, MultiAgentDPOConfig):
     """`MultiAgentDPOConfig` accepting every field of CoMLRL 1.4.3's `MADPOConfig`, with its defaults and checks
     (the table `fields.FAMILIES["MADPOConfig"]`, rendered in `docs/comlrl-users.md`). With
     `collaboration_mode="centralized"`, `num_agents` counts the roles and per-agent settings are the one model's."""
@@ -60,12 +61,6 @@ class MADPOConfig(CoMLRLOptimization, CoMLRLShared, MultiAgentDPOConfig):
     reference_kl_enabled: bool = False
     reference_kl_coef: float = 0.1
     reference_devices: list[str] | None = None
-    preference_num_candidates: int = 80
-    preference_pairs_per_sample: int | None = 16
-    pair_selection: str = "reward_gap"
-    dpo_beta: float = 0.1
-    use_environment_step: bool = True
-    environment_steps_per_pair: int = 2
 
     def __post_init__(self):
         self._check_comlrl_fields()
