@@ -13,6 +13,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from multiagent_trl import JointRewardModel, MultiAgentIterativeRLHFConfig, MultiAgentIterativeRLHFTrainer
+from multiagent_trl.preference.iterative_rlhf import RoundSaves
 from multiagent_trl.testing import tiny_model_path
 
 from .conftest import small_args
@@ -60,6 +61,7 @@ def test_epochs_per_round_spans_a_round_over_several_epochs(tmp_path):
             heads.append(trainer.reward_model.reward_head.weight.detach().clone())
 
     trainer.add_callback(Heads())
+    trainer.add_callback(RoundSaves(trainer, str(tmp_path / "rounds")))
     trainer.train()
     # 2 steps an epoch, 4 epochs: 2 rounds of 4 steps; pairs drawn and the reward model trained once per round.
     assert trainer.state.global_step == 8 and len(heads) == 8
@@ -68,6 +70,12 @@ def test_epochs_per_round_spans_a_round_over_several_epochs(tmp_path):
     assert not torch.equal(heads[3], heads[4])
     rounds = [e for e in trainer.state.log_history if "round/index" in e]
     assert [(e["round/index"], e["step"]) for e in rounds] == [(1.0, 1), (2.0, 5)]
+    # RoundSaves: the team before training and at each round's end, with that round's reward model.
+    for name in ("initial", "iteration_0000", "iteration_0001"):
+        assert (tmp_path / "rounds" / name / "agent_1" / "config.json").is_file()
+    for k, head in ((0, heads[3]), (1, heads[7])):
+        saved = JointRewardModel.from_pretrained(str(tmp_path / "rounds" / f"iteration_{k:04d}" / "reward_model"))
+        torch.testing.assert_close(saved.reward_head.weight, head)
     assert sorted(os.listdir(os.path.join(trainer.args.output_dir, "preference_replay"))) == [
         "iteration_0001.json",
         "iteration_0002.json",

@@ -1,66 +1,43 @@
 """CoMLRL compatibility for iterative MARLHF: `MARLHFIterConfig`/`MARLHFIterTrainer` with CoMLRL 1.4.3's names,
 defaults and checks, translated onto the native iterative RLHF (`preference.iterative_rlhf.RewardModelRounds` on
-`MARLHFTrainer`): CoMLRL's iterations are the native rounds, trained by one `Trainer.train`.
-
-```diff
--from comlrl.trainers.preference import MARLHFIterConfig, MARLHFIterTrainer
-+from multiagent_trl import MARLHFIterConfig, MARLHFIterTrainer
-```
-
-The field mapping, the steps of an iteration, the logs and every deliberate difference from CoMLRL, with its reason,
-are in docs/comlrl-users.md ("MARLHFIter").
+`MARLHFTrainer`): CoMLRL's iterations are the native rounds, trained by one `Trainer.train`. A CoMLRL script changes
+its import line only (`from multiagent_trl import MARLHFIterConfig, MARLHFIterTrainer`). The field mapping, the steps
+of an iteration, the logs and every deliberate difference from CoMLRL, with its reason, are in docs/comlrl-users.md
+("MARLHFIter").
 """
 
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import dataclass, field
 
-from transformers import TrainerCallback
-
-from ..preference.iterative_rlhf import RewardModelRounds, record_pair
+from ..preference.iterative_rlhf import PAIR_SCORINGS, RewardModelRounds, RoundSaves, record_pair
 from ..preference.replay import COMPARISON_PAIR_SELECTIONS
 from ..rewards.joint import reward_range
 from .iterative import IterativePreferenceFields, distribution_metrics
 from .marlhf import ACTOR_CRITIC_ALGORITHMS, RL_ALGORITHMS, MARLHFConfig, MARLHFTrainer
 
-SCORING_REWARDS = ("task", "reward_model")
-SCORING_REWARD_ALIASES = {"oracle": "task", "environment": "task", "env": "task", "model": "reward_model"}
-SCORING_REWARD_ALIASES["learned"] = "reward_model"
+SCORING_ALIASES = {"oracle": "task", "environment": "task", "env": "task", "model": "reward_model"}
+SCORING_ALIASES["learned"] = "reward_model"
 # CoMLRL's iterative field -> the native round field it becomes (`MARLHFIterConfig.native_config`).
-ROUND_FIELDS = {
-    "preference_replay_mode": "replay_mode",
-    "preference_replay_k": "replay_k",
-    "preference_replay_lambda": "replay_lambda",
-    "preference_replay_sample_size": "replay_sample_size",
-    "preference_replay_dir": "replay_dir",
-    "comparator_num_candidates": "comparator_num_generations",
-    "preference_scoring_reward": "pair_scoring",
-}
+ROUND_FIELDS = {f"preference_{name}": name for name in ("replay_mode", "replay_k", "replay_lambda", "replay_dir")}
+ROUND_FIELDS |= {"preference_replay_sample_size": "replay_sample_size", "preference_scoring_reward": "pair_scoring"}
+ROUND_FIELDS["comparator_num_candidates"] = "comparator_num_generations"
 
 
 @dataclass
 class MARLHFIterConfig(IterativePreferenceFields, MARLHFConfig):
-    r"""
-    `MARLHFConfig` with CoMLRL 1.4.3's iterative fields (`MARLHFIterConfig`), defaults and checks: `num_iterations`
-    (6) iterations of `num_train_epochs` (2) online epochs, `preference_num_candidates` (20),
-    `preference_pairs_per_sample` (4), `pair_selection` (`"comparator_reward"`), `reward_num_train_epochs` (2),
-    `preference_scoring_reward` (`"task"`, or `"reward_model"`; CoMLRL's aliases accepted) and `MADPOIterConfig`'s
-    replay and comparator fields. docs/comlrl-users.md ("MARLHFIter") maps each onto the native round fields.
-    """
+    """`MARLHFConfig` with CoMLRL 1.4.3's iterative fields (`MARLHFIterConfig`), defaults and checks: `num_iterations`
+    iterations of `num_train_epochs` online epochs, `preference_scoring_reward`, MADPOIter's replay and comparator
+    fields. docs/comlrl-users.md ("MARLHFIter") maps each onto the native round fields (`native_config()`)."""
 
     output_dir: str | None = field(default="marlhf_iter_output", metadata={"help": "Where outputs go."})
     num_train_epochs: float = field(default=2, metadata={"help": "Online epochs per iteration."})
     preference_num_candidates: int = field(default=20, metadata={"help": "Joint candidates per item (K, >= 2)."})
     preference_pairs_per_sample: int | None = field(default=4, metadata={"help": "At most this many pairs per item."})
-    pair_selection: str = field(
-        default="comparator_reward", metadata={"help": "'comparator_reward', 'reward_gap', 'random' or 'all'."}
-    )
+    pair_selection: str = field(default="comparator_reward", metadata={"help": "Or 'reward_gap', 'random', 'all'."})
     reward_num_train_epochs: int = field(default=2, metadata={"help": "Reward-model passes per iteration."})
-    preference_scoring_reward: str = field(
-        default="task", metadata={"help": "Ranks the candidates: 'task' or 'reward_model' (the previous one)."}
-    )
+    preference_scoring_reward: str = field(default="task", metadata={"help": "Ranks pairs: 'task' or 'reward_model'."})
 
     def __post_init__(self):
         algorithm = str(self.rl_algorithm or "magrpo").strip().lower()
@@ -78,19 +55,17 @@ class MARLHFIterConfig(IterativePreferenceFields, MARLHFConfig):
         super().__post_init__()
         self.pair_selection = selection
         scoring = str(self.preference_scoring_reward or "task").strip().lower()
-        self.preference_scoring_reward = SCORING_REWARD_ALIASES.get(scoring, scoring)
-        if self.preference_scoring_reward not in SCORING_REWARDS:
+        self.preference_scoring_reward = SCORING_ALIASES.get(scoring, scoring)
+        if self.preference_scoring_reward not in PAIR_SCORINGS:
             raise ValueError(
                 f"`preference_scoring_reward` must be 'task' or 'reward_model' (or CoMLRL's aliases); got {scoring!r}."
             )
         if int(self.num_train_epochs) != self.num_train_epochs:
-            raise ValueError(f"`num_train_epochs` must be a whole number of online epochs per iteration, got "
-                             f"{self.num_train_epochs}.")  # fmt: skip
-        if self.max_steps > 0:
             raise ValueError(
-                f"`max_steps={self.max_steps}` would cut the run across iterations: MARLHFIter trains "
-                "`num_train_epochs` online epochs per iteration. Leave `max_steps` at -1."
+                f"`num_train_epochs` must be a whole number (epochs per iteration), got {self.num_train_epochs}"
             )
+        if self.max_steps > 0:
+            raise ValueError(f"`max_steps={self.max_steps}` would cut the run across iterations: leave it at -1.")
         self._check_iterative_fields()
 
     def native_config(self) -> MARLHFIterConfig:
@@ -105,22 +80,6 @@ class MARLHFIterConfig(IterativePreferenceFields, MARLHFConfig):
         config.num_train_epochs = self.num_iterations * config.epochs_per_round
         config.reward_model_reset, config.num_iterations = True, 1
         return config
-
-
-class PolicyCheckpoints(TrainerCallback):
-    """CoMLRL's `policy_checkpoint_dir`: the agents (and the reward model) saved before training (`initial`) and at
-    the end of every round (`iteration_XXXX`, 0-based)."""
-
-    def __init__(self, trainer: MARLHFIterTrainer, folder: str):
-        self.trainer, self.folder = trainer, folder
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.trainer.save_model(os.path.join(self.folder, "initial"))
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        epochs = round(state.epoch or 0)
-        if epochs % args.epochs_per_round == 0:
-            self.trainer.save_model(os.path.join(self.folder, f"iteration_{epochs // args.epochs_per_round - 1:04d}"))
 
 
 class MARLHFIterTrainer(RewardModelRounds, MARLHFTrainer):
@@ -148,7 +107,7 @@ class MARLHFIterTrainer(RewardModelRounds, MARLHFTrainer):
         self.comlrl_args, self.total_train_pairs = given, 0
         self.setup_reward_rounds()
         if given.policy_checkpoint_dir:
-            self.add_callback(PolicyCheckpoints(self, given.policy_checkpoint_dir))
+            self.add_callback(RoundSaves(self, given.policy_checkpoint_dir))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, checkpoint_dir: str | None = None, **kwargs):
         """Every iteration, by one `Trainer.train` (`MARLHFTrainer.train`); CoMLRL's checkpoint arguments raise."""
@@ -176,12 +135,11 @@ class MARLHFIterTrainer(RewardModelRounds, MARLHFTrainer):
         }
         if self.args.log_reward_distribution:
             logs.update(distribution_metrics("iter/reward_distribution", index, *self.round_candidate_rewards))
-            selected = [  # (target, comparator) raw rewards of the training pairs that record them
-                [r[key] for r in self.round_pairs if r.get(key) is not None]
-                for key in ("target_raw_reward", "comparator_raw_reward")
-            ]
-            pairs = len(self.round_pairs)
-            logs.update(distribution_metrics("iter/selected_reward_distribution", index, *selected, pairs))
+            keys = ("target_raw_reward", "comparator_raw_reward")  # of the training pairs that record them
+            selected = [[r[k] for r in self.round_pairs if r.get(k) is not None] for k in keys]
+            logs.update(
+                distribution_metrics("iter/selected_reward_distribution", index, *selected, len(self.round_pairs))
+            )
         self.add_metrics({key: [value] for key, value in logs.items()})
 
 

@@ -19,11 +19,13 @@ iterative MADPO. `RewardModelRounds` holds the round logic for any RLHF trainer 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
+from transformers import TrainerCallback
 
 from ..rewards.joint import bind_joint_scorer
 from .iterative import IterativeRoundFields, IterativeRounds
@@ -178,6 +180,23 @@ class RewardModelRounds(IterativeRounds):
         return super()._generate_and_score_completions(inputs)
 
 
+class RoundSaves(TrainerCallback):
+    """Save the team (and its reward model) under `folder` before training (`initial/`) and at the end of every
+    round (`iteration_XXXX/`, the round 0-based, as CoMLRL's `policy_checkpoint_dir`): models only, no optimizer.
+    `trainer.add_callback(RoundSaves(trainer, folder))` on a `RewardModelRounds` trainer."""
+
+    def __init__(self, trainer: RewardModelRounds, folder: str):
+        self.trainer, self.folder = trainer, folder
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.save_model(os.path.join(self.folder, "initial"))
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        epochs = round(state.epoch or 0)
+        if epochs % args.epochs_per_round == 0:
+            self.trainer.save_model(os.path.join(self.folder, f"iteration_{epochs // args.epochs_per_round - 1:04d}"))
+
+
 class MultiAgentIterativeRLHFTrainer(RewardModelRounds, MultiAgentRLHFTrainer):
     """Iterative multi-agent RLHF: rounds of pairs, reward model and online training, by one `Trainer.train` (see the
     module docstring). Takes `MultiAgentRLHFTrainer`'s arguments but `preference_pairs` (the rounds draw them);
@@ -214,6 +233,7 @@ __all__ = [
     "MultiAgentIterativeRLHFConfig",
     "MultiAgentIterativeRLHFTrainer",
     "RewardModelRounds",
+    "RoundSaves",
     "check_reward_round_fields",
     "record_pair",
 ]
