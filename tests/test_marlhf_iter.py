@@ -12,10 +12,11 @@ import os
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 from trl import TrlParser
 
 from multiagent_trl import JointRewardModel, MADPOIterConfig, MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer
-from multiagent_trl.comlrl.marlhf_iter import record_pair
+from multiagent_trl.preference.iterative_rlhf import record_pair
 from multiagent_trl.preference.losses import bradley_terry_loss
 from multiagent_trl.preference.reward_model import REWARD_HEAD_FILE
 from multiagent_trl.testing import tiny_model_path
@@ -126,7 +127,10 @@ def test_marlhf_iter_script_writes_shards_and_trains_each_iteration(script_run):
     assert [log["reward_model/pairs"] for log in iterations] == counts
     # The reward model trained each iteration: 2 epochs of ceil(pairs / 4) steps.
     assert [len(h) for h in trainer.reward_model_histories] == [2 * -(-c // 4) for c in counts]
-    assert [log["step"] for log in iterations] == [0, 2]  # iteration 2 starts where iteration 1's online phase ended
+    # An iteration's entries ride on its first training log (the native rounds'), beside `round/...`: one run.
+    assert [log["step"] for log in iterations] == [1, 3]
+    assert [log["round/index"] for log in iterations] == [1.0, 2.0]
+    assert [log["iter/total_preference_pairs"] for log in iterations] == [counts[0], counts[0] + counts[1]]
     # Online: 4 items, 2 per generation batch, one step each, one epoch per iteration; one run of 4 steps.
     assert trainer.state.global_step == 4 and trainer.state.epoch == 2.0
     steps = [log["step"] for log in trainer.state.log_history if "loss" in log]
@@ -146,9 +150,7 @@ def test_online_training_uses_the_reward_model_and_evaluation_the_task(script_ru
     logged = [h for h in trainer.state.log_history if "reward" in h]
     assert len(logged) == 4 and all(h["reward"] == pytest.approx(h["rewards/joint_reward_model/mean"]) for h in logged)
     assert all("rewards/length_reward/mean" not in h for h in trainer.state.log_history)
-    # No pair-sampling metrics in the iteration logs (they would hold completion lengths).
-    iterations = [log for log in trainer.state.log_history if "iter/current_iteration" in log]
-    assert all(not any("completions" in key for key in log) for log in iterations)
+    # No pair-sampling metrics in the logs: iteration 1's pairs were scored by the task reward, absent above.
     # The last batch's training rewards: the last reward model's raw scores.
     table = trainer._logs
     completions = list(zip(table["extra"]["agent_0/completion"], table["extra"]["agent_1/completion"]))
@@ -231,6 +233,53 @@ def test_reward_model_restarts_from_its_initial_weights_and_the_online_run_conti
     assert trainer.state.global_step == 2
     moments = [state["step"] for state in trainer.optimizer.state.values() if "step" in state]
     assert moments and all(float(step) == 2.0 for step in moments)
+
+
+def test_iterations_are_one_trainer_run_of_native_rounds(tmp_path):
+    events = []
+
+    class Events(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            events.append("begin")
+
+        def on_step_end(self, args, state, control, **kwargs):
+            events.append(state.global_step)
+
+    def ranged_reward(completions1, completions2):  # separates nearly any two texts: a round of ties would raise
+        return [float(sum(map(ord, a + b)) % 97) for a, b in zip(completions1, completions2)]
+
+    ranged_reward.reward_range = (0.0, 100.0)
+    config = MARLHFIterConfig(
+        output_dir=str(tmp_path), report_to="none", num_iterations=2, num_train_epochs=2, max_new_tokens=4,
+        num_generations=2, preference_num_candidates=3, preference_pairs_per_sample=2, rollout_buffer_size=2,
+        comparator_num_candidates=2, preference_replay_mode="nearest_k", preference_replay_k=1,
+        reward_freeze_backbone=True, eval_interval=0, logging_steps=1, log_reward_distribution=True,
+    )  # fmt: skip
+    native = config.native_config()
+    assert (native.num_train_epochs, native.epochs_per_round, native.num_iterations) == (4, 2, 1)
+    assert (native.replay_mode, native.replay_k, native.comparator_num_generations) == ("nearest_k", 1, 2)
+    assert native.reward_model_reset and native.pair_scoring == "task" and config.num_train_epochs == 2
+    trainer = MARLHFIterTrainer(
+        agent_model=tiny_model_path(),
+        reward_func=ranged_reward,
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:"]}),
+        callbacks=[Events()],
+    )
+    assert trainer.comlrl_args is config and trainer.args.epochs_per_round == 2
+    trainer.train()
+    # One Trainer.train: one on_train_begin, then the steps of both iterations (2 epochs of 1 step each).
+    assert events == ["begin", 1, 2, 3, 4]
+    assert len(trainer.reward_model_histories) == 2
+    iterations = [log for log in trainer.state.log_history if "iter/current_iteration" in log]
+    assert [(log["iter/current_iteration"], log["step"]) for log in iterations] == [(1.0, 1), (2.0, 3)]
+    # log_reward_distribution: every candidate of the draw (2 items x K=3, x K'=2), as CoMLRL counts them.
+    for log in iterations:
+        assert (
+            log["iter/reward_distribution/target_sample_count"] == 6.0 and log["iter/reward_distribution/target_mean"]
+        )
+        assert log["iter/reward_distribution/comparator_sample_count"] == 4.0
+        assert log["iter/selected_reward_distribution/pair_count"] == log["iter/train_preference_pairs"]
 
 
 # ---- 3. the config: CoMLRL's fields, defaults and checks

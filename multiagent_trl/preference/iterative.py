@@ -183,6 +183,9 @@ class IterativeRounds:
     round_index: int = -1  # the round whose pairs are being served
     round_pairs: Sequence[dict] = ()  # the round's training pairs (a list once drawn)
     round_reloaded: bool = False  # whether the round's pairs came back from its shard (a resume inside it)
+    round_records: Sequence[dict] = ()  # the round's own pairs (its shard), before the replay draw
+    # Every candidate's raw reward in the round's draw, (current, comparator); empty for a reloaded round.
+    round_candidate_rewards: tuple[list[float], list[float]] = ((), ())
 
     @property
     def round_width(self) -> int:
@@ -221,7 +224,7 @@ class IterativeRounds:
         comparator_width = args.comparator_num_generations or width
         rows = [dict(row) for row in self.train_dataset]
         chunk = max(args.generation_batch_size // width, 1)
-        records = []
+        records, raw = [], ([], [])
         with self.metrics_aside():
             for start in range(0, len(rows), chunk):
                 items = rows[start : start + chunk]
@@ -229,6 +232,9 @@ class IterativeRounds:
                 theirs = candidate_sets(self.sample(items, comparator_width), comparator_width, self.reward_weights)
                 for mine, other in zip(current, theirs):
                     records += comparison_records(mine, other, args.pair_selection, args.preference_pairs_per_sample)
+                    raw[0].extend(mine["raw"])
+                    raw[1].extend(other["raw"])
+        self.round_candidate_rewards = raw
         return records
 
     def _start_round(self, index: int) -> None:
@@ -238,6 +244,7 @@ class IterativeRounds:
         self.round_reloaded = os.path.exists(path) and self.round_index < 0
         if self.round_reloaded:  # resumed inside this round: its pairs are on disk
             current = load_records(ReplayShard(index + 1, path, 0))
+            self.round_candidate_rewards = ([], [])
         else:
             current = self.draw_round_pairs()
             write_shard(self.replay_dir, index + 1, current)
@@ -255,7 +262,7 @@ class IterativeRounds:
                 "more diversely (`temperature`), or use a reward that separates the candidates."
             )
         random.Random(args.seed + index).shuffle(train_pairs)
-        self.round_index, self.round_pairs = index, train_pairs
+        self.round_index, self.round_pairs, self.round_records = index, train_pairs, current
         metrics = self._metrics["train"]
         metrics["round/index"].append(float(index + 1))
         metrics["round/pairs"].append(float(len(current)))

@@ -1,0 +1,127 @@
+"""Native iterative RLHF's round fields (`multiagent_trl.preference.iterative_rlhf`): `epochs_per_round` (a round spans
+several of Trainer's epochs) and `pair_scoring="reward_model"` (from the second round on the previous round's reward
+model ranks the candidates), and their checks."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from multiagent_trl import JointRewardModel, MultiAgentIterativeRLHFConfig, MultiAgentIterativeRLHFTrainer
+from multiagent_trl.preference.iterative_rlhf import RoundSaves
+from multiagent_trl.testing import tiny_model_path
+
+from .conftest import small_args
+from .parity import assert_same_forward
+
+ROWS = 2
+
+
+def length_reward(completions1, completions2):
+    return [float(len(a) + 2 * len(b)) for a, b in zip(completions1, completions2)]
+
+
+def build(tmp_path, **overrides):
+    settings = dict(
+        num_agents=2,
+        max_steps=-1,
+        per_device_train_batch_size=4,
+        steps_per_generation=2,  # 8 completions: 2 prompts per generation batch, one per step
+        preference_num_candidates=3,
+        preference_pairs_per_sample=2,
+        reward_learning_rate=1e-2,
+        reward_freeze_backbone=True,
+    )
+    settings.update(overrides)
+    return MultiAgentIterativeRLHFTrainer(
+        model=tiny_model_path(),
+        reward_funcs=length_reward,
+        args=small_args(tmp_path, MultiAgentIterativeRLHFConfig, **settings),
+        train_dataset=Dataset.from_dict({"prompt": [f"Row {i}: say something." for i in range(ROWS)]}),
+    )
+
+
+def shard(trainer, it: int) -> list[dict]:
+    path = os.path.join(trainer.args.output_dir, "preference_replay", f"iteration_{it:04d}.json")
+    with open(path) as f:
+        return json.load(f)["pairs"]
+
+
+def test_epochs_per_round_spans_a_round_over_several_epochs(tmp_path):
+    trainer = build(tmp_path, num_train_epochs=4, epochs_per_round=2)
+    heads = []
+
+    class Heads(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            heads.append(trainer.reward_model.reward_head.weight.detach().clone())
+
+    trainer.add_callback(Heads())
+    trainer.add_callback(RoundSaves(trainer, str(tmp_path / "rounds")))
+    trainer.train()
+    # 2 steps an epoch, 4 epochs: 2 rounds of 4 steps; pairs drawn and the reward model trained once per round.
+    assert trainer.state.global_step == 8 and len(heads) == 8
+    assert len(trainer.reward_model_histories) == 2
+    assert all(torch.equal(heads[0], h) for h in heads[1:4]) and all(torch.equal(heads[4], h) for h in heads[5:])
+    assert not torch.equal(heads[3], heads[4])
+    rounds = [e for e in trainer.state.log_history if "round/index" in e]
+    assert [(e["round/index"], e["step"]) for e in rounds] == [(1.0, 1), (2.0, 5)]
+    # RoundSaves: the team before training and at each round's end, with that round's reward model.
+    for name in ("initial", "iteration_0000", "iteration_0001"):
+        assert (tmp_path / "rounds" / name / "agent_1" / "config.json").is_file()
+    for k, head in ((0, heads[3]), (1, heads[7])):
+        saved = JointRewardModel.from_pretrained(str(tmp_path / "rounds" / f"iteration_{k:04d}" / "reward_model"))
+        torch.testing.assert_close(saved.reward_head.weight, head)
+    assert sorted(os.listdir(os.path.join(trainer.args.output_dir, "preference_replay"))) == [
+        "iteration_0001.json",
+        "iteration_0002.json",
+    ]
+
+
+def test_pair_scoring_reward_model_ranks_later_rounds_by_the_previous_reward_model(tmp_path):
+    trainer = build(tmp_path, num_train_epochs=2, pair_scoring="reward_model", save_strategy="epoch")
+    trainer.train()
+    # Round 1: no reward model trained yet, the task reward ranks.
+    first = shard(trainer, 1)
+    assert [r["winner_reward"] for r in first] == pytest.approx(
+        [length_reward(*[[c] for c in r["winner_completions"]])[0] for r in first]
+    )
+    # Round 2: round 1's reward model (the one saved at the end of epoch 1), its raw scores.
+    previous = JointRewardModel.from_pretrained(os.path.join(trainer.args.output_dir, "checkpoint-2", "reward_model"))
+    records = shard(trainer, 2)
+    with torch.no_grad():
+        scores = {
+            side: previous(
+                prompts=[tuple(r["prompts"]) for r in records],
+                completions=[tuple(r[f"{side}_completions"]) for r in records],
+            )
+            for side in ("winner", "loser")
+        }
+    assert_same_forward([r["winner_reward"] for r in records], scores["winner"], msg="winners")
+    assert_same_forward([r["loser_reward"] for r in records], scores["loser"], msg="losers")
+    assert [r["raw_rewards"][0] for r in records] == pytest.approx([r["winner_reward"] for r in records])
+    # The online reward and the task reward in the logs are left as they were: no pair-scoring metrics leaked.
+    assert all("rewards/length_reward/mean" not in e for e in trainer.state.log_history)
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(epochs_per_round=0), "epochs_per_round"),
+        (dict(epochs_per_round=1.5), "epochs_per_round"),
+        (dict(num_train_epochs=3, epochs_per_round=2), "whole number of rounds"),
+        (dict(pair_scoring="human"), "pair_scoring"),
+    ],
+)
+def test_bad_round_fields_raise_naming_the_field(tmp_path, fields, match):
+    with pytest.raises(ValueError, match=match):
+        small_args(tmp_path, MultiAgentIterativeRLHFConfig, num_agents=2, max_steps=-1, **fields)
+
+
+def test_pair_scoring_is_normalised(tmp_path):
+    config = small_args(tmp_path, MultiAgentIterativeRLHFConfig, num_agents=2, pair_scoring=" Reward_Model")
+    assert (config.pair_scoring, config.epochs_per_round) == ("reward_model", 1)
