@@ -107,6 +107,45 @@ def test_resume_inside_the_run(tmp_path):
     assert resumed.round_index == 1  # the interrupted round's pairs came back from its shard
 
 
+def round_pair_counts(trainer) -> list[float]:
+    return [e["round/train_pairs"] for e in trainer.state.log_history if "round/train_pairs" in e]
+
+
+def test_pair_rounds_train_as_many_steps_as_their_pairs(tmp_path):
+    recorder = StepRecorder()
+    trainer = build(tmp_path, rounds=2, callbacks=[recorder], pair_batch_size=3, pair_passes=2)
+    trainer.train()
+    counts = round_pair_counts(trainer)
+    assert len(counts) == 2 and all(0 < c <= ROWS * 2 for c in counts)
+    # Each round: 2 passes over its pairs, 3 pairs per step; the steps numbered once over the run.
+    steps = sum(2 * -(-int(c) // 3) for c in counts)
+    assert trainer.state.global_step == steps and recorder.steps == list(range(1, steps + 1))
+    # One linear schedule over the run, sized on the most pairs a round can draw (4 prompts x 2): 2 x 3 steps a round.
+    lr0 = trainer.args.learning_rate
+    assert trainer.state.max_steps == 12
+    assert recorder.lrs == pytest.approx([lr0 * (1 - s / 12) for s in range(1, steps + 1)], rel=1e-6)
+    trained = [e["pairs/count"] for e in trainer.state.log_history if "pairs/count" in e]
+    assert trained and all(1 <= c <= 3 for c in trained)
+
+
+def test_pair_rounds_with_gradient_accumulation_take_whole_optimizer_steps(tmp_path):
+    recorder = StepRecorder()
+    trainer = build(tmp_path, rounds=2, callbacks=[recorder], pair_batch_size=1, gradient_accumulation_steps=2)
+    trainer.train()
+    steps = sum(-(-int(c) // 2) for c in round_pair_counts(trainer))  # 1 pair per micro-batch, 2 per step
+    assert trainer.state.global_step == steps and recorder.steps == list(range(1, steps + 1))
+
+
+def test_pair_rounds_refuse_what_they_cannot_do(tmp_path):
+    with pytest.raises(ValueError, match="pair_batch_size"):
+        small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, pair_passes=2)
+    with pytest.raises(ValueError, match="num_train_epochs"):
+        small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, pair_batch_size=2, max_steps=4)
+    trainer = build(tmp_path, rounds=1, pair_batch_size=2)
+    with pytest.raises(NotImplementedError, match="Resuming"):
+        trainer.train(resume_from_checkpoint=str(tmp_path))
+
+
 def test_comparator_not_built_is_refused(tmp_path):
     with pytest.raises(NotImplementedError, match="comparator"):
         small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator="model")
