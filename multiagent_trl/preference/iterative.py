@@ -261,7 +261,8 @@ class IterativeRounds:
         """Draw (or, resuming, reload) round `index`'s pairs, write its shard and pick the training pairs."""
         args = self.args
         path = os.path.join(self.replay_dir, f"iteration_{index + 1:04d}.json")
-        self.round_reloaded = os.path.exists(path) and self.round_index < 0
+        # A resumed run (steps already taken) reloads its round's shard; a fresh one draws anew over older shards.
+        self.round_reloaded = os.path.exists(path) and self.round_index < 0 and self.state.global_step > 0
         if self.round_reloaded:  # resumed inside this round: its pairs are on disk
             current = load_records(ReplayShard(index + 1, path, 0))
         else:
