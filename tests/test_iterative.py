@@ -14,6 +14,7 @@ from transformers import TrainerCallback
 
 from multiagent_trl import JointRewardModel, MultiAgentIterativeRLHFConfig, MultiAgentIterativeRLHFTrainer
 from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
+from multiagent_trl.preference.replay import write_shard
 from multiagent_trl.testing import tiny_model_path
 
 from .conftest import small_args
@@ -144,6 +145,17 @@ def test_pair_rounds_refuse_what_they_cannot_do(tmp_path):
     trainer = build(tmp_path, rounds=1, pair_batch_size=2)
     with pytest.raises(NotImplementedError, match="Resuming"):
         trainer.train(resume_from_checkpoint=str(tmp_path))
+
+
+def test_a_fresh_run_draws_anew_over_an_older_runs_shard(tmp_path):
+    trainer = build(tmp_path, rounds=1)
+    folder = os.path.join(trainer.args.output_dir, "preference_replay")
+    old = {"prompts": ["Old", "Old"], "winner_completions": ["a", "a"], "loser_completions": ["", ""]}
+    write_shard(folder, 1, [old])
+    trainer.train()
+    assert not trainer.round_reloaded
+    with open(os.path.join(folder, "iteration_0001.json")) as handle:
+        assert all(p["prompts"][0].startswith("Row ") for p in json.load(handle)["pairs"])
 
 
 def test_comparator_not_built_is_refused(tmp_path):
