@@ -41,9 +41,10 @@ class MADPOIterConfig(IterativePreferenceFields, MADPOConfig, MultiAgentIterativ
             K (`num_generations`), K' (`comparator_num_generations`) and the pairs kept per item.
         pair_selection (`str`, defaults to `"comparator_reward"`):
             `"comparator_reward"`, `"reward_gap"`, `"random"` or `"all"` (see `preference.replay.comparison_pairs`).
-        preference_replay_mode, preference_replay_k, preference_replay_lambda, preference_replay_sample_size,
-        preference_replay_dir: `replay_mode`, `replay_k`, `replay_lambda`, `replay_sample_size`, `replay_dir`
-            (CoMLRL's aliases of the modes accepted; the shards go to `output_dir/preference_replay` by default).
+        preference_replay_mode (`str`, defaults to `"current"`):
+            The native `replay_mode` (CoMLRL's aliases accepted); `preference_replay_k`, `preference_replay_lambda`,
+            `preference_replay_sample_size` and `preference_replay_dir` are `replay_k`, `replay_lambda`,
+            `replay_sample_size` and `replay_dir` (the shards go to `output_dir/preference_replay` by default).
         log_reward_distribution (`bool`, defaults to `False`): reward distribution metrics per iteration (needs
             `reward_func.reward_range`).
         policy_checkpoint_dir (`str`, *optional*): save the agents after each iteration there (and the initial ones).
