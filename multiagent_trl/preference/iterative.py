@@ -6,7 +6,9 @@ prompt twice, once as the policy (K = `num_generations` joint candidates) and on
 pairs are written to `replay_dir/iteration_XXXX.json` and the round trains on the pairs `replay_mode` draws from the
 shards (`replay.replay_selection`). The round's generation batches then take their pair rows from those pairs instead
 of from their own candidates: the same rows per batch as `MultiAgentDPOTrainer` (`nodes * pairs_per_prompt` rounded to
-whole steps), served in a shuffled order and cycled when the round has fewer pairs than that.
+whole steps), served in a shuffled order and cycled when the round has fewer pairs than that. With `pair_batch_size`
+the round's epoch iterates over its pairs instead (`RoundPairBatches`): `pair_passes` passes in batches of that many
+pairs, so a round's length follows the pairs it drew (CoMLRL's MADPOIter, `comlrl.iterative`, runs this way).
 
 Everything else is Trainer's, over the whole run: one optimizer, one learning-rate schedule, one `global_step`,
 callbacks, gradient accumulation, logging, checkpoints. Resuming inside a round reloads that round's shard (its pairs
