@@ -238,8 +238,10 @@ class StepRecorder(TrainerCallback):
 
 def test_iterations_train_through_trainer_callbacks_schedule_and_accumulation(tmp_path):
     """The iterations are Trainer epochs: callbacks see every optimizer step, one learning-rate schedule decays over
-    every iteration, and `gradient_accumulation_steps` groups the pair batches into optimizer steps."""
+    every iteration, `gradient_accumulation_steps` groups the pair batches into optimizer steps, and Trainer
+    evaluates before the first update and every `eval_interval` updates."""
     recorder = StepRecorder()
+    dataset = Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:", "Pick a word:", "Say hi:"]})
     config = MADPOIterConfig(
         output_dir=str(tmp_path),
         num_iterations=2,
@@ -249,7 +251,7 @@ def test_iterations_train_through_trainer_callbacks_schedule_and_accumulation(tm
         max_new_tokens=6,
         rollout_buffer_size=2,
         train_batch_size=1,
-        eval_interval=0,
+        eval_interval=2,
         logging_steps=1,
         report_to="none",
         lr_scheduler_type="linear",
@@ -259,7 +261,8 @@ def test_iterations_train_through_trainer_callbacks_schedule_and_accumulation(tm
         agent_model=tiny_model_path(),
         reward_func=lambda a, b: [float(len(x) + 2 * len(y)) for x, y in zip(a, b)],
         args=config,
-        train_dataset=Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:", "Pick a word:", "Say hi:"]}),
+        train_dataset=dataset,
+        eval_dataset=dataset,
         callbacks=[recorder],
     )
     trainer.train()
@@ -271,6 +274,9 @@ def test_iterations_train_through_trainer_callbacks_schedule_and_accumulation(tm
     assert trainer.state.max_steps == 8
     lr0 = trainer.args.learning_rate
     assert recorder.lrs == pytest.approx([lr0 * (1 - s / 8) for s in range(1, steps + 1)], rel=1e-6)
+    evaluated = [e["step"] for e in trainer.state.log_history if "eval_reward" in e]
+    # CoMLRL's rule (before updates 0, 2, 4, ...); Trainer also evaluates after the last update when it is the 2nd.
+    assert evaluated in (list(range(0, steps, 2)), list(range(0, steps + 1, 2)))
     assert trainer.args.num_train_epochs == 1  # CoMLRL's passes, back after training
 
 
