@@ -22,7 +22,7 @@ from ..preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentItera
 from ..preference.replay import COMPARISON_PAIR_SELECTIONS
 from ..team.views import swapped
 from .iterative_fields import IterativePreferenceFields
-from .iterative_pairs import IterativePairs
+from .iterative_pairs import IterativePairs, distribution_metrics
 from .preference import MADPOConfig, MADPOTrainer
 
 
@@ -159,4 +159,11 @@ class MADPOIterTrainer(IterativePairs, MADPOTrainer, MultiAgentIterativeDPOTrain
         return pairs
 
 
-__all__ = ["IterativePairs", "IterativePreferenceFields", "MADPOIterConfig", "MADPOIterTrainer", "PolicyCheckpoints"]
+__all__ = [  # the iterative fields and CoMLRL's steps are re-exported for `marlhf_iter`
+    "IterativePairs",
+    "IterativePreferenceFields",
+    "MADPOIterConfig",
+    "MADPOIterTrainer",
+    "PolicyCheckpoints",
+    "distribution_metrics",
+]
