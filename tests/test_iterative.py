@@ -158,6 +158,15 @@ def test_a_fresh_run_draws_anew_over_an_older_runs_shard(tmp_path):
         assert all(p["prompts"][0].startswith("Row ") for p in json.load(handle)["pairs"])
 
 
+def test_a_second_train_call_draws_its_rounds_anew(tmp_path):
+    trainer = build(tmp_path, rounds=1, pair_batch_size=2)
+    trainer.train()
+    trainer.train()
+    # The log is the second run's: its round was drawn (not served from the first run), its steps follow its pairs.
+    assert [e["round/index"] for e in trainer.state.log_history if "round/index" in e] == [1.0]
+    assert trainer.state.global_step == -(-int(round_pair_counts(trainer)[0]) // 2)
+
+
 def test_comparator_not_built_is_refused(tmp_path):
     with pytest.raises(NotImplementedError, match="comparator"):
         small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator="model")

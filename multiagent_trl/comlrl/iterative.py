@@ -135,11 +135,13 @@ class MADPOIterTrainer(IterativePairs, MADPOTrainer, MultiAgentIterativeDPOTrain
         checkpoint_total_limit: int | None = None,
         **kwargs,
     ):
-        """Run `num_iterations` rounds through `Trainer.train` (`num_train_epochs` is CoMLRL's passes meanwhile)."""
+        """Run `num_iterations` iterations by one `Trainer.train` and return its `TrainOutput`; CoMLRL's iteration
+        checkpoint arguments raise."""
         self._check_train_arguments(
             resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, kwargs
         )
         self.trained_pairs = 0
+        # CoMLRL's `num_train_epochs` is the passes over an iteration's pairs (`pair_passes`); Trainer's: rounds.
         with swapped(self.args, num_train_epochs=self.args.num_iterations):
             return super().train()
 

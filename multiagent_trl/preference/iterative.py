@@ -347,6 +347,7 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
                 "Resuming is not supported with `pair_batch_size`: the rounds' lengths follow their pairs, which "
                 "Trainer's step counting cannot place a checkpoint in. Train without `pair_batch_size` to resume."
             )
+        self.round_index, self._round_cursor = -1, (-1, 0)  # a new run draws its first round anew (or reloads it)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def record_token_ids(self, record: dict) -> list[tuple[list[int], list[int], list[int]]]:
