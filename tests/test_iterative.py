@@ -14,6 +14,7 @@ from transformers import TrainerCallback
 
 from multiagent_trl import JointRewardModel, MultiAgentIterativeRLHFConfig, MultiAgentIterativeRLHFTrainer
 from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
+from multiagent_trl.preference.replay import write_shard
 from multiagent_trl.testing import tiny_model_path
 
 from .conftest import small_args
@@ -105,6 +106,65 @@ def test_resume_inside_the_run(tmp_path):
     assert recorder.steps == [7, 8]
     assert resumed.state.global_step == 8
     assert resumed.round_index == 1  # the interrupted round's pairs came back from its shard
+
+
+def round_pair_counts(trainer) -> list[float]:
+    return [e["round/train_pairs"] for e in trainer.state.log_history if "round/train_pairs" in e]
+
+
+def test_pair_rounds_train_as_many_steps_as_their_pairs(tmp_path):
+    recorder = StepRecorder()
+    trainer = build(tmp_path, rounds=2, callbacks=[recorder], pair_batch_size=3, pair_passes=2)
+    trainer.train()
+    counts = round_pair_counts(trainer)
+    assert len(counts) == 2 and all(0 < c <= ROWS * 2 for c in counts)
+    # Each round: 2 passes over its pairs, 3 pairs per step; the steps numbered once over the run.
+    steps = sum(2 * -(-int(c) // 3) for c in counts)
+    assert trainer.state.global_step == steps and recorder.steps == list(range(1, steps + 1))
+    # One linear schedule over the run, sized on the most pairs a round can draw (4 prompts x 2): 2 x 3 steps a round.
+    lr0 = trainer.args.learning_rate
+    assert trainer.state.max_steps == 12
+    assert recorder.lrs == pytest.approx([lr0 * (1 - s / 12) for s in range(1, steps + 1)], rel=1e-6)
+    trained = [e["pairs/count"] for e in trainer.state.log_history if "pairs/count" in e]
+    assert trained and all(1 <= c <= 3 for c in trained)
+
+
+def test_pair_rounds_with_gradient_accumulation_take_whole_optimizer_steps(tmp_path):
+    recorder = StepRecorder()
+    trainer = build(tmp_path, rounds=2, callbacks=[recorder], pair_batch_size=1, gradient_accumulation_steps=2)
+    trainer.train()
+    steps = sum(-(-int(c) // 2) for c in round_pair_counts(trainer))  # 1 pair per micro-batch, 2 per step
+    assert trainer.state.global_step == steps and recorder.steps == list(range(1, steps + 1))
+
+
+def test_pair_rounds_refuse_what_they_cannot_do(tmp_path):
+    with pytest.raises(ValueError, match="pair_batch_size"):
+        small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, pair_passes=2)
+    with pytest.raises(ValueError, match="num_train_epochs"):
+        small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, pair_batch_size=2, max_steps=4)
+    trainer = build(tmp_path, rounds=1, pair_batch_size=2)
+    with pytest.raises(NotImplementedError, match="Resuming"):
+        trainer.train(resume_from_checkpoint=str(tmp_path))
+
+
+def test_a_fresh_run_draws_anew_over_an_older_runs_shard(tmp_path):
+    trainer = build(tmp_path, rounds=1)
+    folder = os.path.join(trainer.args.output_dir, "preference_replay")
+    old = {"prompts": ["Old", "Old"], "winner_completions": ["a", "a"], "loser_completions": ["", ""]}
+    write_shard(folder, 1, [old])
+    trainer.train()
+    assert not trainer.round_reloaded
+    with open(os.path.join(folder, "iteration_0001.json")) as handle:
+        assert all(p["prompts"][0].startswith("Row ") for p in json.load(handle)["pairs"])
+
+
+def test_a_second_train_call_draws_its_rounds_anew(tmp_path):
+    trainer = build(tmp_path, rounds=1, pair_batch_size=2)
+    trainer.train()
+    trainer.train()
+    # The log is the second run's: its round was drawn (not served from the first run), its steps follow its pairs.
+    assert [e["round/index"] for e in trainer.state.log_history if "round/index" in e] == [1.0]
+    assert trainer.state.global_step == -(-int(round_pair_counts(trainer)[0]) // 2)
 
 
 def test_comparator_not_built_is_refused(tmp_path):

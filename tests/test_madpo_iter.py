@@ -10,7 +10,8 @@ import random
 from types import SimpleNamespace
 
 import pytest
-from transformers import AutoModelForCausalLM
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from multiagent_trl import MADPOIterConfig, MADPOIterTrainer
 from multiagent_trl.preference.replay import (
@@ -213,14 +214,70 @@ def test_training_on_a_comlrl_shard_retokenizes_its_text(tmp_path):
     )
     record = {"prompts": ["Say hi:", "Say ho:"], "winner_completions": [" hi", " ho"], "loser_completions": ["x", ""]}
     tokenizer = trainer.processing_class
-    tokens = trainer._record_tokens(record)
+    tokens = trainer.record_token_ids(record)
     assert tokens[0] == (tokenizer.encode("Say hi:"), tokenizer.encode(" hi", add_special_tokens=False), [87])
     before = snapshot(trainer.model)
-    trainer.model.train()
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1
-    assert trainer._train_pairs([record], updates=0) == 1
+    trainer.model.train()
+    trainer.training_step(trainer.model, trainer.pair_batch([record]), None)  # the rows a round's micro-batch holds
+    trainer.optimizer.step()
     assert changed(before, trainer.model)
+
+
+class StepRecorder(TrainerCallback):
+    """Every optimizer step Trainer reports, with the learning rate the scheduler gave it."""
+
+    def __init__(self):
+        self.steps, self.lrs = [], []
+
+    def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
+        self.steps.append(state.global_step)
+        self.lrs.append(lr_scheduler.get_last_lr()[0])
+
+
+def test_iterations_train_through_trainer_callbacks_schedule_and_accumulation(tmp_path):
+    """The iterations are Trainer epochs: callbacks see every optimizer step, one learning-rate schedule decays over
+    every iteration, `gradient_accumulation_steps` groups the pair batches into optimizer steps, and Trainer
+    evaluates before the first update and every `eval_interval` updates."""
+    recorder = StepRecorder()
+    dataset = Dataset.from_dict({"prompt": ["Write a title:", "Name a planet:", "Pick a word:", "Say hi:"]})
+    config = MADPOIterConfig(
+        output_dir=str(tmp_path),
+        num_iterations=2,
+        num_agents=2,
+        preference_num_candidates=4,
+        preference_pairs_per_sample=2,
+        max_new_tokens=6,
+        rollout_buffer_size=2,
+        train_batch_size=1,
+        eval_interval=2,
+        logging_steps=1,
+        report_to="none",
+        lr_scheduler_type="linear",
+        gradient_accumulation_steps=2,
+    )
+    trainer = MADPOIterTrainer(
+        agent_model=tiny_model_path(),
+        reward_func=lambda a, b: [float(len(x) + 2 * len(y)) for x, y in zip(a, b)],
+        args=config,
+        train_dataset=dataset,
+        eval_dataset=dataset,
+        callbacks=[recorder],
+    )
+    trainer.train()
+    trained = [e["iter/train_preference_pairs"] for e in trainer.state.log_history if "iter/current_iteration" in e]
+    assert len(trained) == 2
+    steps = sum(-(-int(count) // 2) for count in trained)  # one pair per micro-batch, two per optimizer step
+    assert trainer.state.global_step == steps and recorder.steps == list(range(1, steps + 1))
+    # One linear schedule over the run, sized on the most pairs an iteration can draw (4 items x 2): 4 steps each.
+    assert trainer.state.max_steps == 8
+    lr0 = trainer.args.learning_rate
+    assert recorder.lrs == pytest.approx([lr0 * (1 - s / 8) for s in range(1, steps + 1)], rel=1e-6)
+    evaluated = [e["step"] for e in trainer.state.log_history if "eval_reward" in e]
+    # CoMLRL's rule (before updates 0, 2, 4, ...); Trainer also evaluates after the last update when it is the 2nd.
+    assert evaluated in (list(range(0, steps, 2)), list(range(0, steps + 1, 2)))
+    assert trainer.args.num_train_epochs == 1  # CoMLRL's passes, back after training
 
 
 # ---- 4. the config: CoMLRL's fields, defaults and checks

@@ -6,7 +6,9 @@ prompt twice, once as the policy (K = `num_generations` joint candidates) and on
 pairs are written to `replay_dir/iteration_XXXX.json` and the round trains on the pairs `replay_mode` draws from the
 shards (`replay.replay_selection`). The round's generation batches then take their pair rows from those pairs instead
 of from their own candidates: the same rows per batch as `MultiAgentDPOTrainer` (`nodes * pairs_per_prompt` rounded to
-whole steps), served in a shuffled order and cycled when the round has fewer pairs than that.
+whole steps), served in a shuffled order and cycled when the round has fewer pairs than that. With `pair_batch_size`
+the round's epoch iterates over its pairs instead (`RoundPairBatches`): `pair_passes` passes in batches of that many
+pairs, so a round's length follows the pairs it drew (CoMLRL's MADPOIter, `comlrl.iterative`, runs this way).
 
 Everything else is Trainer's, over the whole run: one optimizer, one learning-rate schedule, one `global_step`,
 callbacks, gradient accumulation, logging, checkpoints. Resuming inside a round reloads that round's shard (its pairs
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,10 +103,36 @@ class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
         replay_sample_size (`int` or `None`): the pairs a replay draws (`None`: the round's own count).
         replay_dir (`str` or `None`, *optional*, defaults to `None`):
             Where the rounds' shards go (`None`: `output_dir/preference_replay`).
+        pair_batch_size (`int` or `None`, *optional*, defaults to `None`):
+            `None`: a round's length is set by the prompts (its generation batches serve the round's pairs, cycled).
+            An `int`: a round is `pair_passes` shuffled passes over its training pairs in micro-batches of this many
+            pairs, so its length follows the pairs it drew (CoMLRL's MADPOIter). Trainer sizes the run (`max_steps`,
+            the learning-rate schedule) on the most pairs a round can draw (`replay_sample_size`, else every prompt's
+            `min(K, K', preference_pairs_per_sample)`); a round that draws fewer ends early. With
+            `gradient_accumulation_steps > 1` a round's micro-batches are completed to whole optimizer steps with its
+            first ones. Set the rounds with `num_train_epochs` (`max_steps` stays -1); resuming is not supported.
+        pair_passes (`int`, *optional*, defaults to `1`):
+            With `pair_batch_size`: passes over a round's training pairs, each in a new order.
     """
+
+    pair_batch_size: int | None = field(
+        default=None, metadata={"help": "Pairs per micro-batch when a round trains on its pairs; None: by prompts."}
+    )
+    pair_passes: int = field(default=1, metadata={"help": "With pair_batch_size: passes over a round's pairs."})
 
     def __post_init__(self):
         self.check_round_fields()
+        if self.pair_batch_size is not None and self.pair_batch_size < 1:
+            raise ValueError(f"`pair_batch_size` must be at least 1, or None; got {self.pair_batch_size}.")
+        if self.pair_passes < 1:
+            raise ValueError(f"`pair_passes` must be at least 1, got {self.pair_passes}.")
+        if self.pair_batch_size is None and self.pair_passes != 1:
+            raise ValueError("`pair_passes` counts passes over a round's pairs: it needs `pair_batch_size`.")
+        if self.pair_batch_size is not None and self.max_steps > 0:
+            raise ValueError(
+                f"`max_steps={self.max_steps}` with `pair_batch_size`: a round's length follows its pairs, so the "
+                "run is set by rounds. Set `num_train_epochs` (the rounds) and leave `max_steps=-1`."
+            )
         super().__post_init__()
 
 
@@ -241,7 +269,8 @@ class IterativeRounds:
         """Draw (or, resuming, reload) round `index`'s pairs, write its shard and pick the training pairs."""
         args = self.args
         path = os.path.join(self.replay_dir, f"iteration_{index + 1:04d}.json")
-        self.round_reloaded = os.path.exists(path) and self.round_index < 0
+        # A resumed run (steps already taken) reloads its round's shard; a fresh one draws anew over older shards.
+        self.round_reloaded = os.path.exists(path) and self.round_index < 0 and self.state.global_step > 0
         if self.round_reloaded:  # resumed inside this round: its pairs are on disk
             current = load_records(ReplayShard(index + 1, path, 0))
             self.round_candidate_rewards = ([], [])
@@ -269,13 +298,34 @@ class IterativeRounds:
         metrics["round/train_pairs"].append(float(len(train_pairs)))
 
 
+class RoundPairBatches:
+    """Trainer's training dataloader when a round trains on its pairs (`pair_batch_size`): Trainer calls
+    `set_epoch(round)` before iterating, and the iteration is `trainer.pair_batches(round)`. Its length is the most
+    micro-batches a round can have, which Trainer sizes the run on."""
+
+    def __init__(self, trainer: MultiAgentIterativeDPOTrainer, length: int):
+        self.trainer, self.length, self.epoch = trainer, length, 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.trainer.pair_batches(self.epoch)
+
+
 class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
     """Iterative MADPO: rounds of pairs of the current policy against a comparator, with replay, trained by one
     `Trainer.train` (see the module docstring). Takes every `MultiAgentDPOTrainer` argument; `args` is a
     `MultiAgentIterativeDPOConfig`.
 
     What differs from `MultiAgentDPOTrainer`: `_generate_and_score_completions` (training) serves the current round's
-    pairs, drawing the round first when a new epoch began. Logs `round/index`, `round/pairs`, `round/train_pairs`.
+    pairs, drawing the round first when a new epoch began. With `pair_batch_size`, the training dataloader is the
+    round's pair micro-batches instead (`RoundPairBatches`, `pair_batches`), which `_prepare_inputs` passes through.
+    Logs `round/index`, `round/pairs`, `round/train_pairs`; with `pair_batch_size`, `pairs/count` and
+    `pairs/chosen_reward` per micro-batch.
     """
 
     _tag_names = ["trl", "dpo", "multiagent-trl", "madpo", "iterative"]
@@ -298,6 +348,91 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
             )
         self._round_cursor = (-1, 0)  # (round, pairs served in it)
 
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        if resume_from_checkpoint not in (None, False) and self.args.pair_batch_size is not None:
+            raise NotImplementedError(
+                "Resuming is not supported with `pair_batch_size`: the rounds' lengths follow their pairs, which "
+                "Trainer's step counting cannot place a checkpoint in. Train without `pair_batch_size` to resume."
+            )
+        self.round_index, self._round_cursor = -1, (-1, 0)  # a new run draws its first round anew (or reloads it)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def record_token_ids(self, record: dict) -> list[tuple[list[int], list[int], list[int]]]:
+        """Each agent's `(prompt, winner, loser)` token ids of a pair record: the sampled ones (`token_ids`), or, for
+        a record without them (a CoMLRL shard), its text tokenized as CoMLRL does (the prompt with special tokens,
+        the completions without)."""
+        if record.get("token_ids") is not None:
+            return record_tokens(record)
+        tokens = []
+        for i in range(self.num_agents):
+            tokenizer = self._agent_views[i]["processing_class"]
+            tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+            prompt, winner, loser = (
+                str((record.get(key) or [""] * self.num_agents)[i])
+                for key in ("prompts", "winner_completions", "loser_completions")
+            )
+            tokens.append(
+                (
+                    tokenizer.encode(prompt, add_special_tokens=True),
+                    tokenizer.encode(winner, add_special_tokens=False),
+                    tokenizer.encode(loser, add_special_tokens=False),
+                )
+            )
+        return tokens
+
+    def pair_batch(self, records: Sequence[dict]) -> dict[str, Any]:
+        """The training batch of pair `records` (every pair weighted 1); logs `pairs/count` and
+        `pairs/chosen_reward` (the winners' mean reward)."""
+        weight = torch.ones(len(records), device=self.accelerator.device)
+        metrics = self._metrics["train"]
+        metrics["pairs/count"].append(float(len(records)))
+        metrics["pairs/chosen_reward"].append(sum(float(r.get("winner_reward", 0.0)) for r in records) / len(records))
+        return self._preference_rows([self.record_token_ids(r) for r in records], weight)
+
+    def most_round_pairs(self) -> int:
+        """The most training pairs a round can draw: `replay_sample_size`, else every prompt's most comparisons."""
+        args = self.args
+        if args.replay_sample_size is not None:
+            return args.replay_sample_size
+        width = self.round_width
+        per_prompt = min(width, args.comparator_num_generations or width)
+        if args.preference_pairs_per_sample is not None:
+            per_prompt = min(per_prompt, args.preference_pairs_per_sample)
+        return len(self.train_dataset) * per_prompt
+
+    def round_micro_batches(self, pairs: int) -> int:
+        """The micro-batches of a round of `pairs` training pairs (with `pair_batch_size`): `pair_passes` passes,
+        completed to whole optimizer steps."""
+        args = self.args
+        count = args.pair_passes * -(-pairs // args.pair_batch_size)
+        return -(-count // args.gradient_accumulation_steps) * args.gradient_accumulation_steps
+
+    def get_train_dataloader(self):
+        if self.args.pair_batch_size is None:
+            return super().get_train_dataloader()
+        return RoundPairBatches(self, self.round_micro_batches(self.most_round_pairs()))
+
+    def pair_batches(self, epoch: int) -> Iterator[dict[str, Any]]:
+        """Round `epoch`'s micro-batches (with `pair_batch_size`): its training pairs (drawn on the first batch
+        asked for), `pair_passes` passes, each in a new order (the first is the round's), cut into batches of
+        `pair_batch_size` pairs."""
+        self.model.train()  # the round's draw happens before Trainer's first training step of the round
+        pairs = list(self.round_pairs_for(epoch))
+        args, order = self.args, random.Random(self.args.seed + epoch)
+        batches = []
+        for step in range(args.pair_passes):
+            if step:
+                order.shuffle(pairs)
+            batches += [pairs[s : s + args.pair_batch_size] for s in range(0, len(pairs), args.pair_batch_size)]
+        batches += [batches[k % len(batches)] for k in range(self.round_micro_batches(len(pairs)) - len(batches))]
+        for batch in batches:
+            yield self.pair_batch(batch)
+
+    def _prepare_inputs(self, generation_batch):
+        if self.args.pair_batch_size is not None and self.model.training:
+            return generation_batch  # a round's micro-batch, already the training rows (`pair_batches`)
+        return super()._prepare_inputs(generation_batch)
+
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
@@ -318,7 +453,7 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
         self._round_cursor = (index, served + slots)
         weight = torch.ones(slots, device=self.accelerator.device)
         self._metrics["train"]["pairs/trained"].append(float(slots))
-        return self._preference_rows([record_tokens(r) for r in batch], weight)
+        return self._preference_rows([self.record_token_ids(r) for r in batch], weight)
 
 
 __all__ = [
@@ -326,6 +461,7 @@ __all__ = [
     "IterativeRounds",
     "MultiAgentIterativeDPOConfig",
     "MultiAgentIterativeDPOTrainer",
+    "RoundPairBatches",
     "candidate_sets",
     "comparison_records",
     "record_tokens",

@@ -1,7 +1,8 @@
 """Iterative preference data, as CoMLRL 1.4.3's `MADPOIterTrainer` builds and replays it: pairs of the current policy
 against a comparator, one JSON shard per iteration, and the training pairs drawn from the shards.
 
-Plain data in, plain data out; the trainer (`multiagent_trl.comlrl.iterative`) holds the state and calls these.
+Plain data in, plain data out; the trainers (`multiagent_trl.preference.iterative`, and the CoMLRL layer's
+iterative trainers) hold the state and call these.
 
 Pairs against a comparator (`comparison_pairs`) are **index-aligned**: for each `k < min(K, K')`, the current policy's
 joint candidate `k` and the comparator's candidate `k` make a pair when their rewards differ, the better one winning.

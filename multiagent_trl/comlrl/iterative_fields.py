@@ -1,0 +1,185 @@
+"""CoMLRL 1.4.3's iterative fields (its `_IterativePreferenceConfig`) and their checks, shared by `MADPOIterConfig`
+(`comlrl.iterative`) and `MARLHFIterConfig` (`comlrl.marlhf_iter`); `docs/comlrl-users.md` maps them onto the
+native round fields."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ..preference.replay import (
+    COMPARATOR_POLICIES,
+    COMPARATOR_POLICY_ALIASES,
+    REPLAY_MODE_ALIASES,
+    REPLAY_MODES,
+    canonical,
+)
+
+GENERATION_MODES = ("decentralized", "centralized")
+GENERATION_MODE_ALIASES = {
+    "decentralised": "decentralized",
+    "multi_agent": "decentralized",
+    "multi-agent": "decentralized",
+    "centralised": "centralized",
+    "single_agent": "centralized",
+    "single-agent": "centralized",
+}
+
+
+@dataclass
+class IterativePreferenceFields:
+    """CoMLRL 1.4.3's iterative fields (its `_IterativePreferenceConfig`) and their cross-field checks, shared by
+    `MADPOIterConfig` and `MARLHFIterConfig` (each documents them). A config mixes them in before its base config
+    and calls `_check_iterative_fields()` at the end of its `__post_init__`."""
+
+    num_iterations: int = field(default=6, metadata={"help": "Pair-refresh iterations (CoMLRL's meaning)."})
+    preference_replay_mode: str = field(
+        default="current", metadata={"help": "'current', 'nearest_k', 'all_history' or 'lambda_decay'."}
+    )
+    preference_replay_k: int | None = field(default=None, metadata={"help": "Shards replayed by nearest_k."})
+    preference_replay_lambda: float | None = field(default=None, metadata={"help": "lambda_decay's lambda in [0, 1]."})
+    preference_replay_sample_size: int | None = field(default=None, metadata={"help": "Pairs drawn by replay."})
+    preference_replay_dir: str | None = field(default=None, metadata={"help": "Shard folder (output_dir/...)."})
+    log_reward_distribution: bool = field(default=False, metadata={"help": "Reward distribution metrics."})
+    policy_checkpoint_dir: str | None = field(default=None, metadata={"help": "Save the agents every iteration."})
+    comparator_policy: str = field(default="current", metadata={"help": "'current' or 'current_copy'."})
+    comparator_generation_mode: str = field(
+        default="decentralized", metadata={"help": "'decentralized'; 'centralized' (forced) with a centralized team."}
+    )
+    comparator_centralized_agent_index: int = field(default=0, metadata={"help": "Centralized comparator's agent."})
+    comparator_model_name: str | None = field(default=None, metadata={"help": "comparator_policy='model' (raises)."})
+    comparator_agents: list[str] | None = field(default=None, metadata={"help": "comparator_policy='model'."})
+    comparator_devices: list[str] | str | None = field(default=None, metadata={"help": "Not supported."})
+    comparator_num_candidates: int | None = field(default=None, metadata={"help": "K' (default K)."})
+    comparator_history_k: int | None = field(default=None, metadata={"help": "comparator_policy='history'."})
+    comparator_api_url: str | None = field(default=None, metadata={"help": "HTTP comparator (not supported)."})
+    comparator_api_format: str = field(default="generic", metadata={"help": "HTTP comparator's format."})
+    comparator_api_model: str | None = field(default=None, metadata={"help": "HTTP comparator's model."})
+    comparator_api_max_n_per_request: int | None = field(default=None, metadata={"help": "HTTP: n per request."})
+    comparator_api_timeout: float = field(default=120.0, metadata={"help": "HTTP timeout (s)."})
+    comparator_api_headers: dict[str, str] | None = field(default=None, metadata={"help": "HTTP headers."})
+    comparator_api_key: str | None = field(default=None, metadata={"help": "HTTP key."})
+    comparator_api_key_env: str | None = field(default=None, metadata={"help": "HTTP key's variable."})
+    comparator_api_key_header: str = field(default="Authorization", metadata={"help": "HTTP key header."})
+    comparator_api_key_prefix: str = field(default="Bearer", metadata={"help": "HTTP key prefix."})
+    comparator_api_response_field: str = field(default="completions", metadata={"help": "HTTP response field."})
+    comparator_api_extra_body: dict[str, Any] | None = field(default=None, metadata={"help": "HTTP extra body."})
+
+    centralized_ported: ClassVar[bool] = False  # whether the config takes `collaboration_mode="centralized"`
+
+    def _check_iterative_fields(self) -> None:
+        """CoMLRL's cross-field checks (`_validate_iterative_config`), then what is not supported here."""
+        folder = self.preference_replay_dir
+        if folder is not None and os.path.exists(folder) and not os.path.isdir(folder):
+            raise ValueError(
+                f"`preference_replay_dir={folder!r}` is a file; it must be a folder (new or holding earlier shards, "
+                "`iteration_XXXX.json`): give another path, or None for `output_dir/preference_replay`."
+            )
+        if int(self.num_iterations) < 1:
+            raise ValueError(f"`num_iterations` must be at least 1, got {self.num_iterations}.")
+        self.num_iterations = int(self.num_iterations)
+        mode = canonical(
+            self.preference_replay_mode, "preference_replay_mode", REPLAY_MODES, REPLAY_MODE_ALIASES, "current"
+        )
+        self.preference_replay_mode = mode
+        k, lam, size = self.preference_replay_k, self.preference_replay_lambda, self.preference_replay_sample_size
+        if mode == "current" and k not in (None, 1):
+            raise ValueError("`preference_replay_k` must be None or 1 with `preference_replay_mode='current'`.")
+        if mode in ("all_history", "lambda_decay") and k is not None:
+            raise ValueError("`preference_replay_k` is only valid with `preference_replay_mode='nearest_k'`.")
+        if mode != "lambda_decay" and lam is not None:
+            raise ValueError("`preference_replay_lambda` is only valid with `preference_replay_mode='lambda_decay'`.")
+        if mode == "current" and size is not None:
+            raise ValueError(
+                "`preference_replay_sample_size` is only valid with `preference_replay_mode` 'nearest_k', "
+                "'all_history' or 'lambda_decay': 'current' trains on this iteration's pairs."
+            )
+        if mode == "nearest_k":
+            if k is None:
+                raise ValueError(
+                    "`preference_replay_mode='nearest_k'` needs `preference_replay_k` (shards to replay)."
+                )
+            if int(k) < 1:
+                raise ValueError(f"`preference_replay_k` must be at least 1, got {k}.")
+            self.preference_replay_k = int(k)
+        if mode == "lambda_decay":
+            if lam is None:
+                raise ValueError("`preference_replay_mode='lambda_decay'` needs `preference_replay_lambda` in [0, 1].")
+            if not 0.0 <= float(lam) <= 1.0:
+                raise ValueError(f"`preference_replay_lambda` must be in [0, 1], got {lam}.")
+            self.preference_replay_lambda = float(lam)
+        if size is not None:
+            if int(size) < 1:
+                raise ValueError(f"`preference_replay_sample_size` must be at least 1 or None, got {size}.")
+            self.preference_replay_sample_size = int(size)
+
+        policy = canonical(
+            self.comparator_policy, "comparator_policy", COMPARATOR_POLICIES, COMPARATOR_POLICY_ALIASES, "current"
+        )
+        self.comparator_policy = policy
+        self.comparator_generation_mode = canonical(
+            self.comparator_generation_mode,
+            "comparator_generation_mode",
+            GENERATION_MODES,
+            GENERATION_MODE_ALIASES,
+            "decentralized",
+        )
+        if self.comparator_generation_mode == "centralized":
+            index = int(self.comparator_centralized_agent_index)
+            if not 0 <= index < int(self.num_agents):
+                raise ValueError(f"`comparator_centralized_agent_index` must be in [0, num_agents), got {index}.")
+        for name in ("comparator_num_candidates", "comparator_api_max_n_per_request"):
+            value = getattr(self, name)
+            if value is not None:
+                if int(value) < 1:
+                    raise ValueError(f"`{name}` must be at least 1 or None, got {value}.")
+                setattr(self, name, int(value))
+        named_model = self.comparator_model_name is not None or self.comparator_agents is not None
+        if policy == "model" and not named_model:
+            raise ValueError("`comparator_policy='model'` needs `comparator_model_name` or `comparator_agents`.")
+        if policy != "model" and named_model:
+            raise ValueError(
+                "`comparator_model_name` and `comparator_agents` are only valid with `comparator_policy='model'`."
+            )
+        if policy == "history":
+            history = 1 if self.comparator_history_k is None else int(self.comparator_history_k)
+            if history < 1:
+                raise ValueError(f"`comparator_history_k` must be at least 1, got {self.comparator_history_k}.")
+            self.comparator_history_k = history
+        elif self.comparator_history_k is not None:
+            raise ValueError("`comparator_history_k` is only valid with `comparator_policy='history'`.")
+        if policy == "api" and not self.comparator_api_url:
+            raise ValueError("`comparator_policy='api'` needs `comparator_api_url`.")
+
+        # What this port does not do (CoMLRL accepts these).
+        if policy == "api":
+            raise NotImplementedError(
+                "`comparator_policy='api'` (an HTTP comparator) is not supported: multiagent_trl makes no network "
+                "calls, and its tests and CI run offline. Use `comparator_policy='current'` (or 'current_copy')."
+            )
+        if policy in ("model", "history"):
+            raise NotImplementedError(
+                f"`comparator_policy={policy!r}` is not ported yet: sampling from models other than the trained "
+                "agents. Use `comparator_policy='current'` (or 'current_copy')."
+            )
+        if self.comparator_devices is not None:
+            raise NotImplementedError(
+                "`comparator_devices` places a copy of the agents on other devices, which is not supported: the "
+                "comparator samples with the agents where they are. Leave it None."
+            )
+        if self.collaboration_mode == "centralized":
+            if not self.centralized_ported:
+                raise NotImplementedError(
+                    f"`collaboration_mode='centralized'` is not ported to {type(self).__name__} yet: use "
+                    "`collaboration_mode='decentralized'` (MADPOIter and MARLHF take the centralized mode)."
+                )
+            # CoMLRL's centralized team: its comparator is the one model on the joint prompt (forced above).
+        elif self.comparator_generation_mode == "centralized":
+            raise NotImplementedError(
+                "`comparator_generation_mode='centralized'` with decentralized agents is not supported: use "
+                "'decentralized' (each agent answers its own prompt), or `collaboration_mode='centralized'`."
+            )
+
+
+__all__ = ["GENERATION_MODES", "GENERATION_MODE_ALIASES", "IterativePreferenceFields"]
