@@ -151,14 +151,7 @@ class RewardModelRounds(IterativeRounds):
     def ranked_by_reward_model(self) -> Iterator[None]:
         """Inside the block, sampled candidates are scored by the reward model as it is now (raw: no weights, no
         `reward_processor`) instead of the task reward."""
-        scorer = bind_joint_scorer(self.reward_model, self.num_agents)
-        with self._swap(
-            reward_funcs=[scorer],
-            reward_func_names=[scorer.__name__],
-            reward_weights=torch.ones(1, device=self.reward_weights.device),
-            reward_processing_classes=[None],
-            reward_processor=None,
-        ):
+        with self.scored_by(bind_joint_scorer(self.reward_model, self.num_agents)):
             yield
 
     def start_reward_round(self, index: int) -> None:
@@ -208,16 +201,12 @@ class MultiAgentIterativeRLHFTrainer(RewardModelRounds, MultiAgentRLHFTrainer):
     `round/pairs`, `round/train_pairs` and the reward model's `reward_model/...` at each round.
     """
 
+    config_class = MultiAgentIterativeRLHFConfig
     _tag_names = ["trl", "grpo", "multiagent-trl", "rlhf", "iterative"]
     _name = "Iterative multi-agent RLHF"
 
     def __init__(self, *args, **kwargs):
-        config = kwargs.get("args", args[2] if len(args) > 2 else None)
-        if config is not None and not isinstance(config, MultiAgentIterativeRLHFConfig):
-            raise TypeError(
-                f"`args` is a {type(config).__name__}; MultiAgentIterativeRLHFTrainer needs a "
-                "MultiAgentIterativeRLHFConfig (every MultiAgentRLHFConfig field, plus the round fields)."
-            )
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)  # its type: `RLHFTrainerBase` checks it
         if kwargs.get("preference_pairs") is not None:
             raise ValueError(
                 "`preference_pairs` is not taken by MultiAgentIterativeRLHFTrainer: each round draws its pairs from "

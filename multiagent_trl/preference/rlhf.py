@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,17 +283,24 @@ class RewardModelStage:
             files += [os.path.join(REWARD_MODEL_DIR, name) for name in JointRewardModel.saved_files(saved)]
         return files
 
-    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
-        # Training batches are scored by the reward model, raw (no processor); evaluation keeps the task reward.
-        if not self.model.training or self._online_reward is None:
-            return super()._generate_and_score_completions(inputs)
+    @contextmanager
+    def scored_by(self, scorer: Callable) -> Iterator[None]:
+        """Inside the block, sampled joint candidates are scored by `scorer` alone (a joint reward model bound with
+        `bind_joint_scorer`), raw: no reward weights, no `reward_processor`."""
         with self._swap(
-            reward_funcs=[self._online_reward],
-            reward_func_names=[self._online_reward.__name__],
+            reward_funcs=[scorer],
+            reward_func_names=[scorer.__name__],
             reward_weights=torch.ones(1, device=self.reward_weights.device),
             reward_processing_classes=[None],
             reward_processor=None,
         ):
+            yield
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
+        # Training batches are scored by the reward model, raw (no processor); evaluation keeps the task reward.
+        if not self.model.training or self._online_reward is None:
+            return super()._generate_and_score_completions(inputs)
+        with self.scored_by(self._online_reward):
             return super()._generate_and_score_completions(inputs)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
