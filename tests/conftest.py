@@ -1,6 +1,8 @@
 import inspect
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -147,3 +149,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def launch_two_processes(script, *args: str) -> None:
+    """`accelerate launch --multi_gpu --num_processes 2` of `script` (gloo on a CPU-only machine); fails the test with
+    the end of the ranks' stderr if the launch does not exit 0. ACCELERATE_USE_CPU makes transformers treat the two
+    processes as one distributed run. Each script ends with `multiagent_trl.testing.end_launched_process()`."""
+    tiny_model_path()  # built once, before two processes race to build it
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
+               "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(script), *map(str, args)]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]

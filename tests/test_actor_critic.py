@@ -26,7 +26,7 @@ from multiagent_trl.actor_critic.value_model import VALUE_HEAD_FILE, AdapterValu
 from multiagent_trl.comlrl.actor_critic import item_reward
 from multiagent_trl.testing import save_model_folder, tiny_model_path, tiny_tokenizer
 
-from .conftest import changed, free_port, lora_config, small_args, snapshot
+from .conftest import changed, launch_two_processes, lora_config, small_args, snapshot
 from .parity import FORWARD_REL, GRADIENT_REL, TINY, assert_close_to_scale, assert_same_update, weight_rounding
 
 PROMPTS = ["Name a red fruit:", "Name a sea fish:"]  # the same length: no padding in TRL's batches
@@ -777,7 +777,7 @@ import json, sys
 from datasets import Dataset
 from multiagent_trl.actor_critic.config import ActorCriticConfig
 from multiagent_trl.actor_critic.trainer import ActorCriticTrainer
-from multiagent_trl.testing import tiny_model_path
+from multiagent_trl.testing import end_launched_process, tiny_model_path
 
 out_dir, joint = sys.argv[1], sys.argv[2] == "joint"
 args = ActorCriticConfig(
@@ -797,6 +797,7 @@ trainer.train()
 with open(f"{out_dir}/rank{trainer.accelerator.process_index}.json", "w") as f:
     agents = [[float(p.detach().double().sum()) for p in trainer.model.agent_parameters(i)] for i in range(2)]
     json.dump({"initial": initial, "critics": critic_sums(), "agents": agents}, f)
+end_launched_process()
 """
 
 
@@ -804,19 +805,10 @@ with open(f"{out_dir}/rank{trainer.accelerator.process_index}.json", "w") as f:
 def test_two_processes_train_the_same_critics(tmp_path, kind):
     """DDP (two gloo processes on CPU): the critics live in the team module, so their gradients are averaged too."""
     import json
-    import subprocess
-    import sys
 
     script = tmp_path / "ddp_actor_critic.py"
     script.write_text(DDP_SCRIPT)
-    tiny_model_path()  # built once, before two processes race to build it
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
-               "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(script), str(tmp_path), kind]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    launch_two_processes(script, tmp_path, kind)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["critics"] == ranks[1]["critics"] and ranks[0]["agents"] == ranks[1]["agents"]
     for initial, trained in zip(ranks[0]["initial"], ranks[0]["critics"]):

@@ -1,9 +1,6 @@
 """Scaling out: two processes (gloo on CPU), gradient accumulation, bf16."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,22 +8,14 @@ import torch
 
 from multiagent_trl import MultiAgentGRPOTrainer
 
-from .conftest import free_port, length_ratio, small_args
+from .conftest import launch_two_processes, length_ratio, small_args
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_team.py"
 
 
 @pytest.mark.parametrize("kind", ["full", "lora", "multiturn"])
 def test_two_processes_train_the_same_team(tmp_path, tiny_path, kind):
-    # On a CPU-only machine `--multi_gpu` starts gloo processes; ACCELERATE_USE_CPU makes transformers treat them as
-    # one distributed run.
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
-               "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(SCRIPT), str(tmp_path), kind]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    launch_two_processes(SCRIPT, tmp_path, kind)
 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world"] for r in ranks] == [2, 2]

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from multiagent_trl import MADPOConfig, MADPOTrainer, MultiAgentDPOConfig, MultiAgentDPOTrainer
 from multiagent_trl.testing import tiny_model_path
 
-from .conftest import changed, free_port, lora_config, small_args, snapshot
+from .conftest import changed, launch_two_processes, lora_config, small_args, snapshot
 from .parity import FORWARD_REL, GRADIENT_REL, TINY, assert_close_to_scale, assert_same_update, weight_rounding
 from .test_actor_critic import LR, MAX_NEW, fake_generate, parity_reward, run_script
 
@@ -283,7 +283,7 @@ DDP_SCRIPT = """
 import json, sys
 from datasets import Dataset
 from multiagent_trl import MultiAgentDPOConfig, MultiAgentDPOTrainer
-from multiagent_trl.testing import tiny_model_path
+from multiagent_trl.testing import end_launched_process, tiny_model_path
 
 out_dir = sys.argv[1]
 args = MultiAgentDPOConfig(
@@ -302,26 +302,17 @@ initial = sums()
 trainer.train()
 with open(f"{out_dir}/rank{trainer.accelerator.process_index}.json", "w") as f:
     json.dump({"initial": initial, "agents": sums(), "logs": trainer.state.log_history}, f)
+end_launched_process()
 """
 
 
 def test_two_processes_train_the_same_agents(tmp_path):
     """DDP (two gloo processes on CPU): every process trains the same weights; pair counts are the team's."""
     import json
-    import os
-    import subprocess
-    import sys
 
     script = tmp_path / "ddp_madpo.py"
     script.write_text(DDP_SCRIPT)
-    tiny_model_path()  # built once, before two processes race to build it
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
-               "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(script), str(tmp_path)]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    launch_two_processes(script, tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["agents"] == ranks[1]["agents"]
     for initial, trained in zip(ranks[0]["initial"], ranks[0]["agents"]):

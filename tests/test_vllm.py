@@ -12,8 +12,6 @@ import gc
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 # No core pinning on this shared machine (a choice for CI, not a need). Nothing else is set: the engines must work
@@ -29,7 +27,7 @@ from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: 
 from multiagent_trl.testing import tiny_model_path  # noqa: E402
 from multiagent_trl.vllm.engine import CPU_KV_CACHE_GIB, AgentSampling, check_vllm_installed  # noqa: E402
 
-from .conftest import free_port, recording  # noqa: E402
+from .conftest import launch_two_processes, recording  # noqa: E402
 
 PROMPTS = ["Describe a city in the clouds:", "Tell a joke about dinosaurs:", "Invent a holiday:", "Name a river:"]
 GREEDY_TOKENS = 12
@@ -341,13 +339,7 @@ def test_vllm_resume_syncs_the_checkpoint(vllm_available, tmp_path):
 def run_two_processes(tmp_path, kind: str, urls: list[str]) -> None:
     """`accelerate launch --num_processes 2` (gloo on the CPU) of `scripts/ddp_vllm_team.py`: both ranks train 2 steps
     with vLLM's log-probs equal to the model's at each (colocated engines, or the servers at `urls`)."""
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
-               "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(Path(__file__).parent / "scripts" / "ddp_vllm_team.py"), str(tmp_path), kind, *urls]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    launch_two_processes(Path(__file__).parent / "scripts" / "ddp_vllm_team.py", tmp_path, kind, *urls)
     for rank in range(2):
         outcome = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert outcome["world"] == 2 and outcome["steps"] == 2

@@ -12,7 +12,7 @@ from datasets import Dataset
 from peft import LoraConfig
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
-from multiagent_trl.testing import tiny_model_path
+from multiagent_trl.testing import end_launched_process, tiny_model_path
 
 
 def main(out_dir: str, kind: str) -> None:
@@ -66,3 +66,4 @@ def main(out_dir: str, kind: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    end_launched_process()

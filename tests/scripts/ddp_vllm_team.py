@@ -12,7 +12,7 @@ from datasets import Dataset
 from peft import LoraConfig
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
-from multiagent_trl.testing import tiny_model_path
+from multiagent_trl.testing import end_launched_process, tiny_model_path
 
 
 def length_ratio(completions1, completions2):
@@ -55,3 +55,4 @@ def main(out_dir: str, kind: str, urls: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    end_launched_process()

@@ -21,7 +21,7 @@ from peft import LoraConfig
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 from multiagent_trl.team.sharding import full_state_dict, local_parameter_bytes, parameter_bytes
-from multiagent_trl.testing import tiny_model_path
+from multiagent_trl.testing import end_launched_process, tiny_model_path
 
 
 def ratio(completions1, completions2):
@@ -111,3 +111,4 @@ def main(out_dir: str, mode: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    end_launched_process()

@@ -18,7 +18,7 @@ from trl import GRPOTrainer
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 from multiagent_trl.team.checkpointing import save_atomically
-from multiagent_trl.testing import tiny_model_path
+from multiagent_trl.testing import end_launched_process, tiny_model_path
 
 
 def save(trainer: MultiAgentGRPOTrainer, staging: str) -> None:
@@ -72,3 +72,4 @@ def main(out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    end_launched_process()
