@@ -30,3 +30,23 @@ def test_seeds_and_architectures_differ(tmp_path, monkeypatch):
     assert AutoModelForCausalLM.from_pretrained(llama).config.model_type == "llama"
     with pytest.raises(ValueError, match="Unknown tiny architecture"):
         tiny_model_path("gpt-huge")
+
+
+def test_a_launched_process_ends_with_its_output_and_without_teardown():
+    """`end_launched_process` keeps what the process printed, exits 0 and runs no teardown (where torch's gloo threads
+    can abort or deadlock the interpreter)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import atexit, sys\n"
+        "from multiagent_trl.testing import end_launched_process\n"
+        "atexit.register(print, 'teardown')\n"
+        "print('work', end='')\n"
+        "sys.stderr.write('log')\n"
+        "end_launched_process()\n"
+        "print('after')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.endswith("work") and result.stderr.endswith("log")
+    assert "teardown" not in result.stdout and "after" not in result.stdout
