@@ -10,14 +10,14 @@ import os
 import pytest
 import torch
 from datasets import Dataset
-from transformers import TrainerCallback
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from multiagent_trl import JointRewardModel, MultiAgentIterativeRLHFConfig, MultiAgentIterativeRLHFTrainer
-from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
+from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer, RoundSaves
 from multiagent_trl.preference.replay import write_shard
 from multiagent_trl.testing import tiny_model_path
 
-from .conftest import small_args
+from .conftest import small_args, snapshot
 
 ROWS = 4
 
@@ -37,7 +37,7 @@ class StepRecorder(TrainerCallback):
         self.lrs.append(lr_scheduler.get_last_lr()[0])
 
 
-def build(tmp_path, rounds=3, callbacks=None, **overrides):
+def build(tmp_path, rounds=3, callbacks=None, reward=length_reward, **overrides):
     settings = dict(
         num_agents=2,
         num_train_epochs=rounds,
@@ -51,7 +51,7 @@ def build(tmp_path, rounds=3, callbacks=None, **overrides):
     args = small_args(tmp_path, MultiAgentIterativeDPOConfig, **settings)
     return MultiAgentIterativeDPOTrainer(
         model=tiny_model_path(),
-        reward_funcs=length_reward,
+        reward_funcs=reward,
         args=args,
         train_dataset=Dataset.from_dict({"prompt": [f"Row {i}: say something." for i in range(ROWS)]}),
         callbacks=callbacks,
@@ -145,6 +145,32 @@ def test_pair_rounds_refuse_what_they_cannot_do(tmp_path):
     trainer = build(tmp_path, rounds=1, pair_batch_size=2)
     with pytest.raises(NotImplementedError, match="Resuming"):
         trainer.train(resume_from_checkpoint=str(tmp_path))
+
+
+def test_round_saves_keep_the_team_at_each_pair_rounds_end(tmp_path):
+    """`RoundSaves` on iterative MADPO: a round is one epoch, saved when it ends, also when it drew fewer pairs than
+    the most a round can (its epoch then ends at a fraction)."""
+
+    def parity(completions1, completions2):  # ties often: rounds draw fewer pairs than the most
+        return [float(len(a) % 2) for a in completions1]
+
+    trainer = build(tmp_path, rounds=2, reward=parity, pair_batch_size=1)
+    ends = []
+
+    class RoundEnds(TrainerCallback):
+        def on_epoch_end(self, args, state, control, **kwargs):
+            ends.append((state.epoch, snapshot(trainer.model)))
+
+    trainer.add_callback(RoundEnds())
+    trainer.add_callback(RoundSaves(trainer, str(tmp_path / "rounds")))
+    trainer.train()
+    assert sorted(os.listdir(tmp_path / "rounds")) == ["initial", "iteration_0000", "iteration_0001"]
+    assert len(ends) == 2
+    assert any(epoch != int(epoch) for epoch, _ in ends)  # a round ended early
+    for k, (_, weights) in enumerate(ends):
+        saved = AutoModelForCausalLM.from_pretrained(tmp_path / "rounds" / f"iteration_{k:04d}" / "agent_1")
+        for name, param in saved.named_parameters():
+            torch.testing.assert_close(param, weights[f"agents.1.{name}"])
 
 
 def test_a_fresh_run_draws_anew_over_an_older_runs_shard(tmp_path):

@@ -1,6 +1,7 @@
 """CoMLRL 1.4.3's `MADPOIterConfig`/`MADPOIterTrainer` translated onto the native `MultiAgentIterativeDPOConfig`/
-`MultiAgentIterativeDPOTrainer`: an iteration is a round (a Trainer epoch), trained by `Trainer.train` on the round's
-pairs in batches of `train_batch_size` pairs (`pair_batch_size`), `num_train_epochs` passes (`pair_passes`).
+`MultiAgentIterativeDPOTrainer`: an iteration is a round (a Trainer epoch; its pairs drawn `rollout_buffer_size`
+items at a time), trained by `Trainer.train` on the round's pairs in batches of `train_batch_size` pairs
+(`pair_batch_size`), `num_train_epochs` passes (`pair_passes`).
 
 ```diff
 -from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer
@@ -12,17 +13,13 @@ pairs in batches of `train_batch_size` pairs (`pair_batch_size`), `num_train_epo
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from transformers import TrainerCallback
-
-from ..preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
+from ..preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer, RoundSaves
 from ..preference.replay import COMPARISON_PAIR_SELECTIONS
 from ..team.views import swapped
-from .iterative_fields import IterativePreferenceFields
-from .iterative_pairs import IterativePairs, distribution_metrics
+from .iterative_fields import IterativePreferenceFields, iteration_logs, reward_bounds
 from .preference import MADPOConfig, MADPOTrainer
 
 
@@ -89,43 +86,35 @@ class MADPOIterConfig(IterativePreferenceFields, MADPOConfig, MultiAgentIterativ
         self.pair_selection = selection
 
     def _generation_batch(self) -> tuple[int, int, None]:
-        # A training batch is `pair_batch_size` pairs; the generation batch only sizes the rounds' draws.
+        # A training batch is `pair_batch_size` pairs; the generation batch only sizes the rounds' draws: CoMLRL's
+        # item batches, `generation_batch_size // num_generations` = `rollout_buffer_size` items per draw.
         return self.rollout_buffer_size * self.num_generations, 1, None
 
 
-class PolicyCheckpoints(TrainerCallback):
-    """CoMLRL's `policy_checkpoint_dir`: the agents saved at the start (`initial`) and after every iteration
-    (`iteration_XXXX`, 0-based)."""
-
-    def __init__(self, trainer: MADPOIterTrainer):
-        self.trainer = trainer
-
-    def save(self, name: str) -> None:
-        self.trainer.save_model(os.path.join(self.trainer.args.policy_checkpoint_dir, name))
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.save("initial")
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        self.save(f"iteration_{self.trainer.round_index:04d}")
-
-
-class MADPOIterTrainer(IterativePairs, MADPOTrainer, MultiAgentIterativeDPOTrainer):
+class MADPOIterTrainer(MADPOTrainer, MultiAgentIterativeDPOTrainer):
     """Iterative MADPO with CoMLRL 1.4.3's `MADPOIterTrainer` arguments (those of `MADPOTrainer`), trained by the
-    native iterative trainer. What it adds: each iteration's draw over CoMLRL's item batches with every candidate's
-    raw reward (`draw_round_pairs`), the `iter/...` log entry at the start of an iteration (`round_pairs_for`), the
-    policy checkpoints, and CoMLRL's `train()` arguments (its iteration checkpoints raise)."""
+    native iterative trainer: an iteration is a native round (`IterativeRounds`: its draw over CoMLRL's item batches,
+    `rollout_buffer_size` items, its shard and replay). What it adds: CoMLRL's `iter/...` log entry at the start of
+    an iteration (`round_pairs_for`), `policy_checkpoint_dir` (the native `RoundSaves`), and CoMLRL's `train()`
+    arguments (its iteration checkpoints raise)."""
 
     default_config_cls = MADPOIterConfig
     algorithm_name = "MADPOIter"
 
     def __init__(self, *args, **kwargs):
-        bounds = self._reward_bounds(self._given_config(args, kwargs), args, kwargs)
+        config = kwargs.get("args") if "args" in kwargs else (args[14] if len(args) > 14 else None)  # CoMLRL's 15th
+        if config is not None and not isinstance(config, self.default_config_cls):
+            raise TypeError(
+                f"`args` is a {type(config).__name__}; {type(self).__name__} needs a "
+                f"{self.default_config_cls.__name__}."
+            )
+        reward = kwargs.get("reward_func", kwargs.get("reward_funcs", args[7] if len(args) > 7 else None))
+        reward_bounds(config is not None and config.log_reward_distribution, reward)  # before anything loads
         super().__init__(*args, **kwargs)
-        self._init_iterations(bounds, "MADPOTrainer")
-        self.trained_pairs, self._drawn = 0, None
-        if self.policy_checkpoint_dir:
-            self.add_callback(PolicyCheckpoints(self))
+        self.num_iterations = 1  # TRL's meaning (updates per generation batch); CoMLRL's is `args.num_iterations`
+        self.trained_pairs = 0
+        if self.args.policy_checkpoint_dir:
+            self.add_callback(RoundSaves(self, self.args.policy_checkpoint_dir))
 
     def train(
         self,
@@ -137,35 +126,40 @@ class MADPOIterTrainer(IterativePairs, MADPOTrainer, MultiAgentIterativeDPOTrain
     ):
         """Run `num_iterations` iterations by one `Trainer.train` and return its `TrainOutput`; CoMLRL's iteration
         checkpoint arguments raise."""
-        self._check_train_arguments(
-            resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, kwargs
-        )
+        if resume_from_checkpoint is not None or checkpoint_dir is not None or checkpoint_total_limit is not None:
+            raise NotImplementedError(
+                "CoMLRL's iteration checkpoints (`train(checkpoint_dir=..., resume_from_checkpoint=...)`) are not "
+                "ported for MADPOIter: set `policy_checkpoint_dir` to save the agents after every iteration."
+            )
+        if checkpoint_interval != 1 or kwargs:
+            raise TypeError(
+                f"train() got checkpoint_interval={checkpoint_interval!r} and {sorted(kwargs)}: generation settings "
+                "are config fields here, and iteration checkpoints are not ported."
+            )
+        if self.train_dataset is None:
+            raise ValueError("Training needs a `train_dataset`: pass `train_dataset=` to the trainer.")
         self.trained_pairs = 0
         # CoMLRL's `num_train_epochs` is the passes over an iteration's pairs (`pair_passes`); Trainer's: rounds.
         with swapped(self.args, num_train_epochs=self.args.num_iterations):
             return super().train()
 
-    def draw_round_pairs(self) -> list[dict[str, Any]]:
-        with self.metrics_aside():
-            records, candidates = self._iteration_pairs()
-        self._drawn = (len(records), candidates)
-        return records
-
     def round_pairs_for(self, epoch: int) -> list[dict[str, Any]]:
+        """The native round's pairs; a new round also logs CoMLRL's `iter/...` entries (`iteration_logs`)."""
         if epoch == self.round_index:
             return self.round_pairs
         pairs = super().round_pairs_for(epoch)
         self.trained_pairs += len(pairs)
-        drawn, candidates = self._drawn
-        self.log(self.iteration_logs(epoch, drawn, candidates, pairs, self.trained_pairs))
+        self.log(
+            iteration_logs(
+                epoch,
+                len(self.round_records),
+                self.round_candidate_rewards,
+                pairs,
+                self.trained_pairs,
+                self.args.log_reward_distribution,
+            )
+        )
         return pairs
 
 
-__all__ = [  # the iterative fields and CoMLRL's steps are re-exported for `marlhf_iter`
-    "IterativePairs",
-    "IterativePreferenceFields",
-    "MADPOIterConfig",
-    "MADPOIterTrainer",
-    "PolicyCheckpoints",
-    "distribution_metrics",
-]
+__all__ = ["MADPOIterConfig", "MADPOIterTrainer"]

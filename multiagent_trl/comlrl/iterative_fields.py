@@ -1,10 +1,13 @@
-"""CoMLRL 1.4.3's iterative fields (its `_IterativePreferenceConfig`) and their checks, shared by `MADPOIterConfig`
-(`comlrl.iterative`) and `MARLHFIterConfig` (`comlrl.marlhf_iter`); `docs/comlrl-users.md` maps them onto the
-native round fields."""
+"""What CoMLRL 1.4.3's two iterative trainers share, over the native rounds (`preference.iterative.IterativeRounds`):
+its iterative fields (its `_IterativePreferenceConfig`) and their checks, taken by `MADPOIterConfig`
+(`comlrl.iterative`) and `MARLHFIterConfig` (`comlrl.marlhf_iter`), which `docs/comlrl-users.md` maps onto the
+native round fields; the reward-range check of `log_reward_distribution` (`reward_bounds`); and an iteration's
+`iter/...` log entries (`iteration_logs`), written from a round's pairs and candidate rewards."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -15,6 +18,7 @@ from ..preference.replay import (
     REPLAY_MODES,
     canonical,
 )
+from ..rewards.joint import reward_range
 
 GENERATION_MODES = ("decentralized", "centralized")
 GENERATION_MODE_ALIASES = {
@@ -182,4 +186,77 @@ class IterativePreferenceFields:
             )
 
 
-__all__ = ["GENERATION_MODES", "GENERATION_MODE_ALIASES", "IterativePreferenceFields"]
+def reward_bounds(log_reward_distribution: bool, reward) -> tuple[float, float] | None:
+    """The task reward's `reward_range` (of `reward`, a function or a list of them: the first that declares one), which
+    `log_reward_distribution` needs: raises without one, checked before anything loads; `None` when the
+    distribution is not logged."""
+    if not log_reward_distribution:
+        return None
+    funcs = reward if isinstance(reward, (list, tuple)) else [reward]
+    bounds = next((b for b in (reward_range(f) for f in funcs if f is not None) if b is not None), None)
+    if bounds is None:
+        raise ValueError(
+            "`log_reward_distribution=True` needs the reward's range: set `reward_func.reward_range = (min, "
+            "max)` (CoMLRL's `set_reward_range`), or turn `log_reward_distribution` off."
+        )
+    return bounds
+
+
+def distribution_metrics(
+    namespace: str,
+    iteration: int,
+    target: Sequence[float],
+    comparator: Sequence[float],
+    pair_count: int | None = None,
+) -> dict[str, float]:
+    """CoMLRL's scalar reward-distribution metrics of one iteration (its plots are not drawn)."""
+    if not target and not comparator:
+        return {}
+    metrics = {f"{namespace}/current_iteration": float(iteration + 1)}
+    if pair_count is not None:
+        metrics[f"{namespace}/pair_count"] = float(pair_count)
+    metrics[f"{namespace}/target_sample_count"] = float(len(target))
+    metrics[f"{namespace}/comparator_sample_count"] = float(len(comparator))
+    if target:
+        metrics[f"{namespace}/target_mean"] = float(sum(target) / len(target))
+    if comparator:
+        metrics[f"{namespace}/comparator_mean"] = float(sum(comparator) / len(comparator))
+    return metrics
+
+
+def iteration_logs(
+    index: int,
+    drawn: int,
+    candidate_rewards: tuple[Sequence[float], Sequence[float]],
+    train_pairs: Sequence[dict],
+    total: int,
+    log_distribution: bool,
+) -> dict[str, float]:
+    """CoMLRL's `iter/...` entries of iteration `index` (0-based): `drawn` pairs (the round's own,
+    `round_records`), its training pairs (`round_pairs`) and `total` training pairs so far; with `log_distribution`,
+    the raw reward distributions of every candidate (`round_candidate_rewards`: current, comparator) and of the
+    training pairs that record them."""
+    logs = {
+        "iter/current_iteration": float(index + 1),
+        "iter/current_preference_pairs": float(drawn),
+        "iter/total_preference_pairs": float(total),
+        "iter/train_preference_pairs": float(len(train_pairs)),
+    }
+    if log_distribution:
+        logs.update(distribution_metrics("iter/reward_distribution", index, *candidate_rewards))
+        selected = [  # (target, comparator) raw rewards of the training pairs that record them
+            [r[key] for r in train_pairs if r.get(key) is not None]
+            for key in ("target_raw_reward", "comparator_raw_reward")
+        ]
+        logs.update(distribution_metrics("iter/selected_reward_distribution", index, *selected, len(train_pairs)))
+    return logs
+
+
+__all__ = [
+    "GENERATION_MODES",
+    "GENERATION_MODE_ALIASES",
+    "IterativePreferenceFields",
+    "distribution_metrics",
+    "iteration_logs",
+    "reward_bounds",
+]

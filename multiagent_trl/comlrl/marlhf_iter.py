@@ -11,10 +11,10 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from ..preference.iterative_rlhf import PAIR_SCORINGS, RewardModelRounds, RoundSaves, record_pair
+from ..preference.iterative import RoundSaves
+from ..preference.iterative_rlhf import PAIR_SCORINGS, RewardModelRounds, record_pair
 from ..preference.replay import COMPARISON_PAIR_SELECTIONS
-from ..rewards.joint import reward_range
-from .iterative import IterativePreferenceFields, distribution_metrics
+from .iterative_fields import IterativePreferenceFields, iteration_logs, reward_bounds
 from .marlhf import ACTOR_CRITIC_ALGORITHMS, RL_ALGORITHMS, MARLHFConfig, MARLHFTrainer
 
 SCORING_ALIASES = {"oracle": "task", "environment": "task", "env": "task", "model": "reward_model"}
@@ -96,12 +96,7 @@ class MARLHFIterTrainer(RewardModelRounds, MARLHFTrainer):
         given = MARLHFIterConfig() if given is None else given
         if not isinstance(given, MARLHFIterConfig):
             raise TypeError(f"`args` is a {type(given).__name__}; MARLHFIterTrainer needs a MARLHFIterConfig.")
-        reward = kwargs.get("reward_func", args[7] if len(args) > 7 else None)
-        if given.log_reward_distribution and reward_range(reward) is None:
-            raise ValueError(
-                "`log_reward_distribution=True` needs the reward's range: set `reward_func.reward_range = (min, "
-                "max)` (CoMLRL's `set_reward_range`), or turn `log_reward_distribution` off."
-            )
+        reward_bounds(given.log_reward_distribution, kwargs.get("reward_func", args[7] if len(args) > 7 else None))
         args = args[:14] + args[15:]  # the config goes by keyword
         super().__init__(*args, **{**kwargs, "args": given.native_config()})
         self.comlrl_args, self.total_train_pairs = given, 0
@@ -127,19 +122,14 @@ class MARLHFIterTrainer(RewardModelRounds, MARLHFTrainer):
         """The native round, then CoMLRL's iteration log entries (in the round's first training log)."""
         super().start_reward_round(index)
         self.total_train_pairs += len(self.round_pairs)
-        logs = {
-            "iter/current_iteration": float(index + 1),
-            "iter/current_preference_pairs": float(len(self.round_records)),
-            "iter/total_preference_pairs": float(self.total_train_pairs),
-            "iter/train_preference_pairs": float(len(self.round_pairs)),
-        }
-        if self.args.log_reward_distribution:
-            logs.update(distribution_metrics("iter/reward_distribution", index, *self.round_candidate_rewards))
-            keys = ("target_raw_reward", "comparator_raw_reward")  # of the training pairs that record them
-            selected = [[r[k] for r in self.round_pairs if r.get(k) is not None] for k in keys]
-            logs.update(
-                distribution_metrics("iter/selected_reward_distribution", index, *selected, len(self.round_pairs))
-            )
+        logs = iteration_logs(
+            index,
+            len(self.round_records),
+            self.round_candidate_rewards,
+            self.round_pairs,
+            self.total_train_pairs,
+            self.args.log_reward_distribution,
+        )
         self.add_metrics({key: [value] for key, value in logs.items()})
 
 

@@ -20,6 +20,7 @@ need gathering (`accelerate.utils.gather_object`) before the replay draw.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from collections.abc import Iterator, Sequence
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from .config import MultiAgentDPOConfig
 from .replay import (
@@ -216,6 +218,11 @@ class IterativeRounds:
     round_candidate_rewards: tuple[list[float], list[float]] = ((), ())
 
     @property
+    def epochs_per_round(self) -> int:
+        """Trainer epochs in one round: 1 (iterative MADPO); iterative RLHF's rounds span `args.epochs_per_round`."""
+        return 1
+
+    @property
     def round_width(self) -> int:
         """K, the current policy's joint candidates per prompt in a round's draw: `num_generations` (iterative
         MADPO); a trainer whose online group differs from its pair draw (iterative RLHF) names its own."""
@@ -296,6 +303,26 @@ class IterativeRounds:
         metrics["round/index"].append(float(index + 1))
         metrics["round/pairs"].append(float(len(current)))
         metrics["round/train_pairs"].append(float(len(train_pairs)))
+
+
+class RoundSaves(TrainerCallback):
+    """Save the team (and, for RLHF, its reward model) under `folder` before training (`initial/`) and at the end of
+    every round (`iteration_XXXX/`, the round 0-based, as CoMLRL's `policy_checkpoint_dir`): models only, no
+    optimizer. `trainer.add_callback(RoundSaves(trainer, folder))` on an `IterativeRounds` trainer (iterative MADPO or
+    iterative RLHF)."""
+
+    def __init__(self, trainer: IterativeRounds, folder: str):
+        self.trainer, self.folder = trainer, folder
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.save_model(os.path.join(self.folder, "initial"))
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # The epochs done: a pair round that drew fewer pairs than the most ends early, at a fraction of its epoch.
+        epochs = math.ceil(round(state.epoch or 0, 6))
+        per_round = self.trainer.epochs_per_round
+        if epochs % per_round == 0:
+            self.trainer.save_model(os.path.join(self.folder, f"iteration_{epochs // per_round - 1:04d}"))
 
 
 class RoundPairBatches:
@@ -462,6 +489,7 @@ __all__ = [
     "MultiAgentIterativeDPOConfig",
     "MultiAgentIterativeDPOTrainer",
     "RoundPairBatches",
+    "RoundSaves",
     "candidate_sets",
     "comparison_records",
     "record_tokens",

@@ -19,16 +19,14 @@ iterative MADPO. `RewardModelRounds` holds the round logic for any RLHF trainer 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
-from transformers import TrainerCallback
 
 from ..rewards.joint import bind_joint_scorer
-from .iterative import IterativeRoundFields, IterativeRounds
+from .iterative import IterativeRoundFields, IterativeRounds, RoundSaves
 from .reward_training import JointPreferencePair
 from .rlhf import MultiAgentRLHFConfig, MultiAgentRLHFTrainer
 
@@ -132,9 +130,14 @@ class RewardModelRounds(IterativeRounds):
         return self.args.preference_num_candidates
 
     @property
+    def epochs_per_round(self) -> int:
+        """A round spans `args.epochs_per_round` online epochs."""
+        return self.args.epochs_per_round
+
+    @property
     def current_round(self) -> int:
         """The round (0-based) of Trainer's current epoch: `epochs_per_round` epochs each."""
-        return int(self.state.epoch or 0) // self.args.epochs_per_round
+        return int(self.state.epoch or 0) // self.epochs_per_round
 
     def train_reward_stage(self) -> None:
         # Departs from MultiAgentRLHFTrainer: no stage before training; each round trains the reward model.
@@ -171,23 +174,6 @@ class RewardModelRounds(IterativeRounds):
         if self.model.training and self.current_round != self.round_index:
             self.start_reward_round(self.current_round)  # a round starts with a new epoch: Trainer counts them
         return super()._generate_and_score_completions(inputs)
-
-
-class RoundSaves(TrainerCallback):
-    """Save the team (and its reward model) under `folder` before training (`initial/`) and at the end of every
-    round (`iteration_XXXX/`, the round 0-based, as CoMLRL's `policy_checkpoint_dir`): models only, no optimizer.
-    `trainer.add_callback(RoundSaves(trainer, folder))` on a `RewardModelRounds` trainer."""
-
-    def __init__(self, trainer: RewardModelRounds, folder: str):
-        self.trainer, self.folder = trainer, folder
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.trainer.save_model(os.path.join(self.folder, "initial"))
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        epochs = round(state.epoch or 0)
-        if epochs % args.epochs_per_round == 0:
-            self.trainer.save_model(os.path.join(self.folder, f"iteration_{epochs // args.epochs_per_round - 1:04d}"))
 
 
 class MultiAgentIterativeRLHFTrainer(RewardModelRounds, MultiAgentRLHFTrainer):
