@@ -114,6 +114,7 @@ THIRD_PARTY_INTERNALS = {
     ("rollout/sampling.py", "_get_logits_processor"): "transformers builds top-k/top-p processors only there",
     ("rollout/sampling.py", "_uses_top_k_top_p"): "a marker on the patched transformers model",
     ("rollout/generation.py", "_compile_all_devices"): "transformers' CompileConfig has no public switch for CPU",
+    ("testing.py", "_exit"): "os._exit, the standard library's documented exit without the interpreter's teardown",
 }
 
 
