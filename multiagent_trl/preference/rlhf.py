@@ -284,15 +284,16 @@ class RewardModelStage:
         return files
 
     @contextmanager
-    def scored_by(self, scorer: Callable) -> Iterator[None]:
-        """Inside the block, sampled joint candidates are scored by `scorer` alone (a joint reward model bound with
-        `bind_joint_scorer`), raw: no reward weights, no `reward_processor`."""
+    def scored_by(self, scorer: Callable, reward_processor: Callable[[float], float] | None = None) -> Iterator[None]:
+        """Inside the block, sampled joint candidates are scored by `scorer` alone (a bound reward function, e.g. a
+        joint reward model bound with `bind_joint_scorer`), with no reward weights and only `reward_processor` (none:
+        raw scores)."""
         with self._swap(
             reward_funcs=[scorer],
             reward_func_names=[scorer.__name__],
             reward_weights=torch.ones(1, device=self.reward_weights.device),
             reward_processing_classes=[None],
-            reward_processor=None,
+            reward_processor=reward_processor,
         ):
             yield
 
