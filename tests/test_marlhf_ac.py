@@ -191,10 +191,9 @@ def build(algorithm="maac", config=None, **kwargs):
     args = MARLHFConfig(rl_algorithm=algorithm, report_to="none", reward_model_device=None, **(config or {}))
     return MARLHFTrainer(
         agent_model=tiny_model_path(),
-        reward_func=lambda a, b: [0.0] * len(a),
         args=args,
         train_dataset=DATASET,
-        **kwargs,
+        **{"reward_func": lambda a, b: [0.0] * len(a), **kwargs},
     )
 
 
@@ -256,6 +255,25 @@ def test_bad_critic_arguments_raise_at_construction(algorithm, config, kwargs, m
 def test_unsupported_arguments_raise_with_an_actor_critic_back_end(kwargs, message):
     with pytest.raises(NotImplementedError, match=message):
         build("iac", **kwargs)
+
+
+def test_candidates_are_ranked_per_joint_sample_with_the_processor(tmp_path):
+    # CoMLRL's MARLHF ranks the candidates by its MAGRPO host's reward: one call per joint sample (here a reward that
+    # returns one number per call), then `reward_processor`; K=3 candidates need not split into items of G=2.
+    def gap(completions1, completions2):
+        return float(sum(len(b) - len(a) for a, b in zip(completions1, completions2)))
+
+    config = dict(
+        num_generations=2, preference_num_candidates=3, preference_pairs_per_sample=None, pair_selection="all",
+        max_new_tokens=8, rollout_buffer_size=2,
+    )  # fmt: skip
+    trainer = build("maac", config, reward_func=gap, reward_processor=lambda x: x + 100.0)
+    trainer.train_reward_stage()
+    assert trainer.preference_pairs
+    for pair in trainer.preference_pairs:
+        chosen, rejected = ([(len(c[1]) - len(c[0]))] for c in (pair.chosen, pair.rejected))
+        assert (pair.chosen_reward, pair.rejected_reward) == (chosen[0] + 100.0, rejected[0] + 100.0)
+        assert pair.chosen_reward > pair.rejected_reward
 
 
 def length_ratio(completions1, completions2):
