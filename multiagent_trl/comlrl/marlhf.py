@@ -17,6 +17,7 @@ its reason, are in docs/preference.md ("MARLHF") and docs/comlrl-users.md.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -277,8 +278,8 @@ class MARLHFTrainer(MARLHFStage, MAGRPOTrainer):
 
     def __new__(cls, *args, **kwargs):
         # CoMLRL's one MARLHFTrainer trains either family online: the actor-critic back-ends are their own trainer
-        # (the stage on IAC/MAAC), built here from the same arguments; `args` is the 15th positional argument.
-        config = kwargs["args"] if "args" in kwargs else (args[14] if len(args) > 14 else None)
+        # (the stage on IAC/MAAC), built here from the same arguments.
+        config = MARLHF_SIGNATURE.bind_partial(None, *args, **kwargs).arguments.get("args")
         algorithm = getattr(config, "rl_algorithm", None) if isinstance(config, MARLHFConfig) else None
         if cls is MARLHFTrainer and algorithm in ACTOR_CRITIC_ALGORITHMS:
             return (MARLHFMAACTrainer if algorithm == "maac" else MARLHFIACTrainer)(*args, **kwargs)
@@ -362,78 +363,55 @@ class MARLHFActorCriticStage(MARLHFStage):
     (the task reward called once per joint sample, then `reward_processor`); checkpoints hold the critics and the
     reward model, and `train(resume_from_checkpoint=...)` restores both."""
 
-    def __init__(
-        self,
-        agent_model: str | None = None,
-        agents: Sequence[str | PreTrainedModel] | None = None,
-        num_agents: int = 2,
-        tokenizer: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
-        model_config: dict[str, Any] | None = None,
-        train_dataset=None,
-        eval_dataset=None,
-        reward_func: Callable | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        formatters: Callable | Sequence[Callable] | None = None,
-        external_transition: Callable | None = None,
-        wandb_config: dict[str, Any] | None = None,
-        eval_logger: Callable | None = None,
-        eval_aggregator: Callable | None = None,
-        args: MARLHFConfig | None = None,
-        *,
-        centralized_comparator_adapter: Any = None,
-        metrics_callback: Callable | None = None,
-        critic_model: Any = None,
-        critics: Any = None,
-        reward_model: JointRewardModel | None = None,
-        **kwargs,
-    ):
-        args = self.marlhf_config = _marlhf_config(args, MARLHFConfig)
-        self.centralized_comparator_adapter = comparator_adapter(centralized_comparator_adapter)
-        for name, value in (
-            ("eval_logger", eval_logger),
-            ("eval_aggregator", eval_aggregator),
-            ("peft_config", kwargs.get("peft_config")),
-        ):
-            if value is not None:
+    def __init__(self, *args, **kwargs):
+        given = MARLHF_SIGNATURE.bind(self, *args, **kwargs)
+        given.apply_defaults()
+        arguments = given.arguments
+        config = self.marlhf_config = _marlhf_config(arguments["args"], MARLHFConfig)
+        self.centralized_comparator_adapter = comparator_adapter(arguments["centralized_comparator_adapter"])
+        kwargs = arguments["kwargs"]
+        for name in ("eval_logger", "eval_aggregator", "peft_config"):
+            if arguments.get(name, kwargs.get(name)) is not None:
                 raise NotImplementedError(
-                    f"`{name}` is not supported with `rl_algorithm={args.rl_algorithm!r}` (the online actor-critic "
+                    f"`{name}` is not supported with `rl_algorithm={config.rl_algorithm!r}` (the online actor-critic "
                     f"trainer does not take it): drop `{name}` or use `rl_algorithm` in {list(RL_ALGORITHMS)}."
                 )
+        agent_model, agents, tokenizer = arguments["agent_model"], arguments["agents"], arguments["tokenizer"]
         agents = list(agents) if agents is not None else None
-        count = len(agents) if agents is not None else num_agents
+        count = len(agents) if agents is not None else arguments["num_agents"]
         source = agent_model if agent_model is not None else _model_name(agents[0] if agents else None)
-        critic_model, critics = _critic_sources(args, critic_model, critics, count, source)
+        critic_model, critics = _critic_sources(config, arguments["critic_model"], arguments["critics"], count, source)
         if agents is not None and tokenizer is None:  # CoMLRL's MARLHF loads the agents' own (its IAC would refuse)
             tokenizer = [AutoTokenizer.from_pretrained(str(_model_name(agent))) for agent in agents]
-        config = args.actor_critic_config(num_agents=count)
+        online_args = config.actor_critic_config(num_agents=count)
         for name in REWARD_STAGE_FIELDS:  # what the reward-model stage reads off `args`
-            setattr(config, name, getattr(args, name))
+            setattr(online_args, name, getattr(config, name))
         super().__init__(
-            agent_model=agent_model,
-            critic_model=critic_model,
-            tokenizer=tokenizer,
-            reward_func=reward_func,
-            reward_processor=reward_processor,
-            formatters=formatters,
-            args=config,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            model_config=model_config,
-            wandb_config=wandb_config,
-            metrics_callback=metrics_callback,
-            external_transition=external_transition,
+            **{name: arguments[name] for name in SHARED_ARGUMENTS},
             agents=agents,
+            tokenizer=tokenizer,
+            args=online_args,
+            critic_model=critic_model,
             critics=critics,
             **kwargs,
         )
         # CoMLRL's MARLHF ranks the candidates by its MAGRPO host's reward: one call per joint sample, processed.
-        self.ranking_reward = (bind_reward(reward_func, self.num_agents, per_sample=True), reward_processor)
-        self.setup_reward_model(reward_model, None, source)
+        task_reward = bind_reward(arguments["reward_func"], self.num_agents, per_sample=True)
+        self.ranking_reward = (task_reward, arguments["reward_processor"])
+        self.setup_reward_model(arguments["reward_model"], None, source)
 
     def train_reward_stage(self) -> None:
         """The stage, with the candidates ranked by `ranking_reward` (the online trainer scores items, not samples)."""
         with self.scored_by(*self.ranking_reward):
             super().train_reward_stage()
+
+
+# `MARLHFTrainer`'s arguments (`MARLHFActorCriticStage` takes them too); those the IAC/MAAC port takes as they are.
+MARLHF_SIGNATURE = inspect.signature(MARLHFTrainer.__init__)
+SHARED_ARGUMENTS = (
+    "agent_model", "model_config", "train_dataset", "eval_dataset", "reward_func", "reward_processor", "formatters",
+    "external_transition", "wandb_config", "metrics_callback",
+)  # fmt: skip
 
 
 class MARLHFIACTrainer(MARLHFActorCriticStage, IACTrainer):

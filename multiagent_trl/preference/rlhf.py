@@ -207,14 +207,6 @@ class RewardModelStage:
         self.reward_model_history: list[dict[str, float]] = []
         self._online_reward: Callable | None = None  # the reward model as the training reward, once trained
 
-    def score_with_reward_model(self, reward_model: JointRewardModel) -> None:
-        """Train on an already trained `reward_model`'s raw scores, with no reward-model stage of this trainer's own
-        (e.g. another trainer's stage fitted it). Evaluation keeps the task reward; `save_model` writes it too."""
-        self.reward_device = next(reward_model.parameters()).device
-        self.reward_model, self.given_preference_pairs = reward_model, None
-        self.preference_pairs, self.reward_model_history = [], []
-        self._online_reward = bind_joint_scorer(reward_model, self.num_agents)
-
     def reward_model_folder(self, output_dir: str) -> str:
         """Where the reward model is saved under `output_dir` (a checkpoint or `save_model`'s folder)."""
         return os.path.join(output_dir, REWARD_MODEL_DIR)
