@@ -2,8 +2,9 @@
 and checks, translated onto the native reward-model stage (`preference.rlhf.RewardModelStage`: pairs ranked by the
 task reward, the `JointRewardModel` trained on them, the online reward, saved in checkpoints and restored on resume).
 Online, `rl_algorithm` in the MAGRPO family trains MAGRPO's port (`reinforce.MAGRPOTrainer`, its `advantage_mode`);
-`"iac"`/`"maac"` build a child trainer per `train()` (`trainer.online_trainer`), the stage on the IAC/MAAC translation
-(as the native `ActorCriticRLHFTrainer` is on `ActorCriticTrainer`), configured by `args.actor_critic_config()`.
+with `"iac"`/`"maac"`, `MARLHFTrainer(...)` builds the stage on the IAC/MAAC translation instead (`MARLHFIACTrainer`/
+`MARLHFMAACTrainer`, as the native `ActorCriticRLHFTrainer` is on `ActorCriticTrainer`), configured by
+`args.actor_critic_config()`. Either way `train()` is one `Trainer.train`, the reward-model stage first.
 
 ```diff
 -from comlrl.trainers.preference import MARLHFConfig, MARLHFTrainer
@@ -16,7 +17,7 @@ its reason, are in docs/preference.md ("MARLHF") and docs/comlrl-users.md.
 
 from __future__ import annotations
 
-import logging
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,25 +28,22 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..actor_critic.config import check_hidden_dim
-from ..actor_critic.trainer import check_critic_vocabulary
 from ..actor_critic.value_model import model_config_of
 from ..preference.reward_model import JointRewardModel
-from ..preference.rlhf import RewardModelStage, check_reward_model_fields
+from ..preference.rlhf import RewardModelFields, RewardModelStage, check_reward_model_fields
 from ..rewards.centralized import CentralizedCollaboration
+from ..rewards.joint import bind_reward
 from ..rollout.evaluation import EvalTrajectories
-from .actor_critic import CRITIC_MODEL_CONFIG_KEYS, IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .behaviour import as_one_actor, centralized_team, comparator_adapter
 from .centralized import role_trajectories
 from .fields import FAMILIES, ONLINE_CRITIC, STORED_AS, CoMLRLPreferenceFields, check_fields, comlrl_config
 from .reinforce import MAGRPOConfig, MAGRPOTrainer
 
-logger = logging.getLogger(__name__)
-
 # CoMLRL's rl_algorithm -> the MAGRPO family's advantage_mode.
 RL_ALGORITHMS = {"magrpo": "mean", "mareinforce": "raw", "maremax": "max", "marloo": "rloo"}
 ACTOR_CRITIC_ALGORITHMS = ("maac", "iac")
 RL_ALGORITHM_ALIASES = {"mareforce": "mareinforce"}
-REWARD_MODEL_DIR = "reward_model"  # under output_dir, and under every saved folder
 # Fields that CoMLRL's MARLHF accepts but reads only with an actor-critic back-end, or never: only their defaults are
 # accepted otherwise (read off the config class).
 CRITIC_FIELDS = tuple(row.name for row in FAMILIES["MARLHFConfig"] if row.native.endswith(ONLINE_CRITIC))
@@ -61,8 +59,9 @@ ACTOR_CRITIC_FIELDS = (
     "external_prompt_passthrough",
     "reference_devices",
 )
-# `model_config` keys the online actor-critic trainer reads (the agents are already loaded: their keys are not passed).
-ONLINE_MODEL_CONFIG_KEYS = ("torch_dtype", "dtype", "attn_implementation", *CRITIC_MODEL_CONFIG_KEYS)
+# The reward-model stage's fields, set on the online actor-critic config (CoMLRL's MARLHF has no `reward_pooling`: its
+# head reads the last token, the stage's default without the field).
+REWARD_STAGE_FIELDS = tuple(f.name for f in dataclass_fields(RewardModelFields) if f.name != "reward_pooling")
 # TRL/Trainer settings of the run that the online actor-critic trainer shares.
 SHARED_TRL_FIELDS = (
     "output_dir",
@@ -210,13 +209,16 @@ class MARLHFConfig(CoMLRLPreferenceFields, MAGRPOConfig):
             # The host only samples the preference candidates and evaluates; MAGRPO's config wants 2 samples.
             self.num_generations = max(self.num_generations, 2)
 
-    def actor_critic_config(self) -> IACConfig | MAACConfig:
+    def actor_critic_config(self, num_agents: int | None = None) -> IACConfig | MAACConfig:
         """The online phase's `IACConfig`/`MAACConfig` (`rl_algorithm="iac"`/`"maac"`): CoMLRL's
         `_build_actor_critic_common_config` fields (the critic's learning rate `None` -> `agent_learning_rate`;
-        `num_turns=1`), IAC's critic fields, and the run's TRL settings (`output_dir`, `seed`, `report_to`, ...)."""
+        `num_turns=1`), IAC's critic fields, and the run's TRL settings (`output_dir`, `seed`, `report_to`, ...);
+        `num_agents` (the trainer's, as CoMLRL's MARLHFTrainer takes it) replaces the config's."""
         if self.rl_algorithm not in ACTOR_CRITIC_ALGORITHMS:
             raise ValueError(f"`rl_algorithm={self.rl_algorithm!r}` trains no critic: it has no actor-critic config.")
         values = dict(self._actor_critic_fields)
+        if num_agents is not None:
+            values["num_agents"] = num_agents
         values["critic_learning_rate"] = values["critic_learning_rate"] or values["agent_learning_rate"]
         # CoMLRL's child updates once its buffer holds `rollout_buffer_size` samples, filled an item (G samples) at
         # a time: the buffer it trains on is the size rounded up to whole items.
@@ -237,19 +239,51 @@ class MARLHFConfig(CoMLRLPreferenceFields, MAGRPOConfig):
         return {name: getattr(self, name) for name in SHARED_TRL_FIELDS if name in names}
 
 
-class MARLHFTrainer(RewardModelStage, MAGRPOTrainer):
+class MARLHFStage(RewardModelStage):
+    """The reward-model stage as CoMLRL's MARLHF runs it, on whichever CoMLRL-layer trainer follows it in the bases:
+    `train()` takes CoMLRL's checkpoint arguments and runs the stage (or restores the reward model from the checkpoint
+    resumed) before the one `Trainer.train`."""
+
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int = 1,
+        checkpoint_total_limit: int | None = None,
+        **kwargs,
+    ):
+        """Pairs, reward model, online training (docs/preference.md's steps 1-3), with CoMLRL's checkpoint
+        arguments. Resuming from a checkpoint that holds `reward_model/` skips steps 1 and 2."""
+        if self.train_dataset is not None:
+            self.prepare_online_reward(resume_from_checkpoint or self.pending_checkpoint, checkpoint_dir)
+        return super().train(
+            resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, **kwargs
+        )
+
+
+class MARLHFTrainer(MARLHFStage, MAGRPOTrainer):
     """Multi-agent RLHF with CoMLRL 1.4.3's `MARLHFTrainer` arguments, in its order: `MAGRPOTrainer`'s (`reward_func`,
     with `reward_processor`, is the task reward: it ranks the preference candidates and scores evaluation), then
     `centralized_comparator_adapter` (CoMLRL's, checked in either mode, used with `collaboration_mode="centralized"`),
     `metrics_callback`, `critic_model` and `critics` (the actor-critic back-ends': IAC one critic per agent, MAAC one;
     without them `critic_model_name`, else the agents' model), and beyond CoMLRL `reward_model` (a `JointRewardModel`
     to train instead of loading `args.reward_model_name`). After `train()`: `reward_model`, `preference_pairs`,
-    `reward_model_history`; with `"iac"`/`"maac"`, `online_trainer` (holding the critics). docs/preference.md has
-    the steps and the differences from CoMLRL.
+    `reward_model_history`. With `rl_algorithm="iac"`/`"maac"` the trainer built is a `MARLHFIACTrainer`/
+    `MARLHFMAACTrainer` (the stage on the IAC/MAAC translation). docs/preference.md has the steps and the differences
+    from CoMLRL.
     """
 
     default_config_cls = MARLHFConfig
     algorithm_name = "MARLHF"
+
+    def __new__(cls, *args, **kwargs):
+        # CoMLRL's one MARLHFTrainer trains either family online: the actor-critic back-ends are their own trainer
+        # (the stage on IAC/MAAC), built here from the same arguments.
+        config = MARLHF_SIGNATURE.bind_partial(None, *args, **kwargs).arguments.get("args")
+        algorithm = getattr(config, "rl_algorithm", None) if isinstance(config, MARLHFConfig) else None
+        if cls is MARLHFTrainer and algorithm in ACTOR_CRITIC_ALGORITHMS:
+            return (MARLHFMAACTrainer if algorithm == "maac" else MARLHFIACTrainer)(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -276,24 +310,23 @@ class MARLHFTrainer(RewardModelStage, MAGRPOTrainer):
         reward_model: JointRewardModel | None = None,
         **kwargs,
     ):
-        args = args if args is not None else self.default_config_cls()
-        if not isinstance(args, MARLHFConfig):
-            raise TypeError(f"`args` is a {type(args).__name__}; MARLHFTrainer needs a MARLHFConfig.")
+        args = _marlhf_config(args, self.default_config_cls)
         self.centralized_comparator_adapter = adapter = comparator_adapter(centralized_comparator_adapter)
         self.centralized_collaboration: CentralizedCollaboration | None = None
         self.num_roles = num_agents
-        self._check_online_arguments(args, metrics_callback, critic_model, critics, eval_logger, kwargs)
+        given = {"metrics_callback": metrics_callback, "critic_model": critic_model, "critics": critics}
+        for name, value in given.items():
+            if value is not None:
+                raise ValueError(
+                    f"`{name}` serves MARLHF's actor-critic back-ends (`rl_algorithm='iac'`/`'maac'`); this "
+                    f"trainer runs `rl_algorithm={args.rl_algorithm!r}`: drop `{name}` or change `rl_algorithm`."
+                )
         if args.collaboration_mode == "centralized":
             self.centralized_collaboration, agents, tokenizer, args = centralized_team(
                 adapter, agents, tokenizer, reward_func, formatters, num_agents, args, kwargs, "MARLHF"
             )
             formatters, reward_func = self.centralized_collaboration.build_prompt, self.centralized_collaboration
             num_agents = 1
-        model_config = dict(model_config) if model_config is not None else None
-        critic_config = {}  # CoMLRL's critic loading keys, read by the actor-critic back-ends only
-        if model_config is not None and args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
-            critic_config = {k: model_config.pop(k) for k in CRITIC_MODEL_CONFIG_KEYS if k in model_config}
-        callbacks = kwargs.get("callbacks")
         super().__init__(
             agent_model=agent_model,
             agents=agents,
@@ -313,152 +346,6 @@ class MARLHFTrainer(RewardModelStage, MAGRPOTrainer):
             **kwargs,
         )
         self.setup_reward_model(reward_model, None, self.model_name)
-        # The actor-critic back-ends: what the online trainer is built from, each online phase.
-        self.metrics_callback = metrics_callback
-        self.critic_model_source, self.critic_sources = critic_model, critics  # CoMLRL's attribute names
-        self.task_reward, self.task_reward_processor = reward_func, reward_processor
-        self.comlrl_formatters = formatters
-        self.online_model_config = {**(model_config or {}), **critic_config}
-        self.online_callbacks = callbacks
-        self.online_trainer: IACTrainer | MAACTrainer | None = None  # the last online phase's trainer
-        if args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
-            self._check_critics(*self._critic_sources())  # raises now if there is no critic to build
-
-    def _check_online_arguments(self, args, metrics_callback, critic_model, critics, eval_logger, kwargs) -> None:
-        """The constructor's actor-critic arguments against `rl_algorithm`, with CoMLRL's checks."""
-        given = {"metrics_callback": metrics_callback, "critic_model": critic_model, "critics": critics}
-        if args.rl_algorithm not in ACTOR_CRITIC_ALGORITHMS:
-            for name, value in given.items():
-                if value is not None:
-                    raise ValueError(
-                        f"`{name}` serves MARLHF's actor-critic back-ends (`rl_algorithm='iac'`/`'maac'`); this "
-                        f"trainer runs `rl_algorithm={args.rl_algorithm!r}`: drop `{name}` or change `rl_algorithm`."
-                    )
-            return
-        for name, value in (("eval_logger", eval_logger), ("peft_config", kwargs.get("peft_config"))):
-            if value is not None:
-                raise NotImplementedError(
-                    f"`{name}` is not supported with `rl_algorithm={args.rl_algorithm!r}` (the online actor-critic "
-                    f"trainer does not take it): drop `{name}` or use `rl_algorithm` in {list(RL_ALGORITHMS)}."
-                )
-        if args.rl_algorithm == "iac" and not args.use_separate_critic:
-            if critic_model is not None or critics is not None:
-                raise ValueError(
-                    "critics can only be provided when use_separate_critic=True: with `use_separate_critic=False` "
-                    "each agent carries its own value head; drop `critic_model`/`critics`."
-                )
-        count = 1 if args.rl_algorithm == "maac" else None  # IAC: one per agent, checked once the team is known
-        if critics is not None and count is not None and len(list(critics)) != count:
-            raise ValueError(f"MAAC trains one joint critic: `critics` must hold 1 model, got {len(list(critics))}.")
-
-    def _critic_sources(self) -> tuple[Any, list | None]:
-        """`(critic_model, critics)` for the online trainer, as CoMLRL resolves them: `critics`, else `critic_model`,
-        else `critic_model_name`, else the agents' model; `(None, None)` for value heads on the agents."""
-        args = self.args
-        if args.rl_algorithm == "iac" and not args.use_separate_critic:
-            return None, None
-        if self.critic_sources is not None:
-            critics = list(self.critic_sources)
-            if args.rl_algorithm == "iac" and len(critics) != self.num_agents:
-                raise ValueError(f"`critics` must hold one critic per agent ({self.num_agents}), got {len(critics)}.")
-            return None, critics
-        source = self.critic_model_source or args.critic_model_name or self.model_name
-        if source is None or (isinstance(source, torch.nn.Module) and args.rl_algorithm == "iac"):
-            raise ValueError(
-                "MARLHF with an actor-critic back-end needs the critics' model: set `critic_model_name` (a model id "
-                "or path), or pass `critic_model=` (an id or path) or `critics=[...]` (models)."
-            )
-        return source, None
-
-    def _check_critics(self, critic_model, critics) -> None:
-        """What the online trainer would refuse only after the pairs are drawn and the reward model is trained: a
-        critic id or folder that holds no model, or an independent critic (IAC) that cannot read its agent's token
-        ids. Critics given as model objects are checked when the online trainer builds them."""
-        if critic_model is None and critics is None:
-            return  # value heads on the agents
-        if critics is not None:
-            setting, sources = "critics", list(critics)
-        else:
-            setting = "critic_model" if self.critic_model_source is not None else "critic_model_name"
-            setting = setting if self.critic_model_source or self.args.critic_model_name else "agent_model"
-            sources = [critic_model] * (self.num_agents if self.args.rl_algorithm == "iac" else 1)
-        vocabularies: dict[str, tuple] = {}
-        for k, source in enumerate(sources):
-            if not isinstance(source, (str, os.PathLike)):
-                continue
-            if str(source) not in vocabularies:
-                config = model_config_of(source, setting)
-                vocabularies[str(source)] = (_saved_tokenizer(source), config.get_text_config().vocab_size)
-            if self.args.rl_algorithm == "iac":  # MAAC's joint critic reads text, not an agent's token ids
-                tokenizer, embeddings = vocabularies[str(source)]
-                check_critic_vocabulary(k, source, tokenizer, embeddings, self._agent_views[k]["processing_class"])
-
-    # ------------------------------------------------------------------ training
-
-    def train(
-        self,
-        resume_from_checkpoint: str | bool | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_interval: int = 1,
-        checkpoint_total_limit: int | None = None,
-        **kwargs,
-    ):
-        """Pairs, reward model, online training (the module docstring's steps 1-3), with `MAGRPOTrainer.train`'s
-        checkpoint arguments. Resuming from a checkpoint that holds `reward_model/` skips steps 1 and 2."""
-        if self.train_dataset is None:
-            return super().train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
-        if self.args.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
-            given = (resume_from_checkpoint, self.pending_checkpoint, checkpoint_dir, checkpoint_total_limit, *kwargs)
-            if any(v is not None for v in given) or checkpoint_interval != 1:
-                raise NotImplementedError(
-                    f"Checkpoints are not supported with `rl_algorithm={self.args.rl_algorithm!r}` yet: call "
-                    "`train()` without checkpoint arguments, and `save_model(dir)` afterwards."
-                )
-            return self._train_actor_critic()
-        self.prepare_online_reward(resume_from_checkpoint or self.pending_checkpoint, checkpoint_dir)
-        return super().train(
-            resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit, **kwargs
-        )
-
-    def _train_actor_critic(self):
-        """Steps 1 and 2 (once), then a fresh online actor-critic trainer (`online_trainer`) on the same agents."""
-        self.prepare_online_reward(None)
-        trainer = self.online_trainer = self._actor_critic_trainer()
-        stage = {
-            k: self._metrics["train"].pop(k) for k in list(self._metrics["train"]) if k.startswith("reward_model/")
-        }
-        trainer.add_metrics(stage)  # in its first training log
-        output = trainer.train()
-        self.state.global_step = trainer.state.global_step  # CoMLRL copies its `env_step` back
-        self.state.log_history.extend(trainer.state.log_history)
-        return output
-
-    def _actor_critic_trainer(self) -> IACTrainer | MAACTrainer:
-        """CoMLRL's child trainer of an online phase: `IACTrainer`/`MAACTrainer` on this trainer's agents (the same
-        modules, trained in place), with `args.actor_critic_config()`, new critics (`_critic_sources`), the reward
-        model's raw scores as the training reward and the task reward (with its processor) in evaluation."""
-        critic_model, critics = self._critic_sources()
-        tokenizers = [view["processing_class"] for view in self._agent_views]
-        model_config = {k: v for k, v in self.online_model_config.items() if k in ONLINE_MODEL_CONFIG_KEYS}
-        trainer_cls = _OnlineMAAC if self.args.rl_algorithm == "maac" else _OnlineIAC
-        trainer = trainer_cls(
-            agents=list(self.model.models()),
-            critic_model=critic_model,
-            critics=critics,
-            tokenizer=tokenizers if len({id(t) for t in tokenizers}) > 1 else tokenizers[0],
-            reward_func=self.task_reward,
-            reward_processor=self.task_reward_processor,
-            formatters=self.comlrl_formatters,
-            args=self.args.actor_critic_config(),
-            train_dataset=self.train_dataset,
-            eval_dataset=self.eval_dataset,
-            model_config=model_config,
-            metrics_callback=self.metrics_callback,
-            callbacks=self.online_callbacks,
-        )
-        trainer.score_with_reward_model(self.reward_model)
-        trainer.verbose = self.verbose
-        return trainer
 
     def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
         """MAGRPO's evaluation metrics; in centralized mode `eval_logger` gets the roles' outputs `[role][row][turn]`
@@ -468,20 +355,113 @@ class MARLHFTrainer(RewardModelStage, MAGRPOTrainer):
         return super().trajectory_metrics(trajectories)
 
 
-class _OnlineIAC(RewardModelStage, IACTrainer):
-    """MARLHF's online phase with `rl_algorithm="iac"`: the native reward-model scoring on the IAC translation."""
+class MARLHFActorCriticStage(MARLHFStage):
+    """`MARLHFTrainer` with `rl_algorithm="iac"`/`"maac"`: the reward-model stage on the IAC/MAAC translation (as the
+    native `ActorCriticRLHFTrainer` is on `ActorCriticTrainer`), one trainer. It takes `MARLHFTrainer`'s arguments,
+    with CoMLRL's checks; `args` becomes `args.actor_critic_config()` with the reward-model stage's fields (the
+    `MARLHFConfig` given stays as `marlhf_config`). The preference candidates are ranked as CoMLRL's MARLHF ranks them
+    (the task reward called once per joint sample, then `reward_processor`); checkpoints hold the critics and the
+    reward model, and `train(resume_from_checkpoint=...)` restores both."""
+
+    def __init__(self, *args, **kwargs):
+        given = MARLHF_SIGNATURE.bind(self, *args, **kwargs)
+        given.apply_defaults()
+        arguments = given.arguments
+        config = self.marlhf_config = _marlhf_config(arguments["args"], MARLHFConfig)
+        self.centralized_comparator_adapter = comparator_adapter(arguments["centralized_comparator_adapter"])
+        kwargs = arguments["kwargs"]
+        for name in ("eval_logger", "eval_aggregator", "peft_config"):
+            if arguments.get(name, kwargs.get(name)) is not None:
+                raise NotImplementedError(
+                    f"`{name}` is not supported with `rl_algorithm={config.rl_algorithm!r}` (the online actor-critic "
+                    f"trainer does not take it): drop `{name}` or use `rl_algorithm` in {list(RL_ALGORITHMS)}."
+                )
+        agent_model, agents, tokenizer = arguments["agent_model"], arguments["agents"], arguments["tokenizer"]
+        agents = list(agents) if agents is not None else None
+        count = len(agents) if agents is not None else arguments["num_agents"]
+        source = agent_model if agent_model is not None else _model_name(agents[0] if agents else None)
+        critic_model, critics = _critic_sources(config, arguments["critic_model"], arguments["critics"], count, source)
+        if agents is not None and tokenizer is None:  # CoMLRL's MARLHF loads the agents' own (its IAC would refuse)
+            tokenizer = [AutoTokenizer.from_pretrained(str(_model_name(agent))) for agent in agents]
+        online_args = config.actor_critic_config(num_agents=count)
+        for name in REWARD_STAGE_FIELDS:  # what the reward-model stage reads off `args`
+            setattr(online_args, name, getattr(config, name))
+        super().__init__(
+            **{name: arguments[name] for name in SHARED_ARGUMENTS},
+            agents=agents,
+            tokenizer=tokenizer,
+            args=online_args,
+            critic_model=critic_model,
+            critics=critics,
+            **kwargs,
+        )
+        # CoMLRL's MARLHF ranks the candidates by its MAGRPO host's reward: one call per joint sample, processed.
+        task_reward = bind_reward(arguments["reward_func"], self.num_agents, per_sample=True)
+        self.ranking_reward = (task_reward, arguments["reward_processor"])
+        self.setup_reward_model(arguments["reward_model"], None, source)
+
+    def train_reward_stage(self) -> None:
+        """The stage, with the candidates ranked by `ranking_reward` (the online trainer scores items, not samples)."""
+        with self.scored_by(*self.ranking_reward):
+            super().train_reward_stage()
 
 
-class _OnlineMAAC(RewardModelStage, MAACTrainer):
-    """MARLHF's online phase with `rl_algorithm="maac"`."""
+# `MARLHFTrainer`'s arguments (`MARLHFActorCriticStage` takes them too); those the IAC/MAAC port takes as they are.
+MARLHF_SIGNATURE = inspect.signature(MARLHFTrainer.__init__)
+SHARED_ARGUMENTS = (
+    "agent_model", "model_config", "train_dataset", "eval_dataset", "reward_func", "reward_processor", "formatters",
+    "external_transition", "wandb_config", "metrics_callback",
+)  # fmt: skip
 
 
-def _saved_tokenizer(source) -> PreTrainedTokenizerBase | None:
-    """The tokenizer saved with a model id or folder, or `None` where it has none."""
-    try:
-        return AutoTokenizer.from_pretrained(str(source))
-    except (OSError, ValueError):
-        return None
+class MARLHFIACTrainer(MARLHFActorCriticStage, IACTrainer):
+    """`MARLHFTrainer(args=MARLHFConfig(rl_algorithm="iac"))`: independent critics (`MARLHFActorCriticStage`)."""
+
+
+class MARLHFMAACTrainer(MARLHFActorCriticStage, MAACTrainer):
+    """`MARLHFTrainer(args=MARLHFConfig(rl_algorithm="maac"))`: one joint critic (`MARLHFActorCriticStage`)."""
+
+
+def _marlhf_config(args, config_class: type) -> MARLHFConfig:
+    args = args if args is not None else config_class()
+    if not isinstance(args, MARLHFConfig):
+        raise TypeError(f"`args` is a {type(args).__name__}; MARLHFTrainer needs a MARLHFConfig.")
+    return args
+
+
+def _model_name(agent) -> str | None:
+    """An agent's model id or path: the one given, or a model's `name_or_path`."""
+    if agent is None or isinstance(agent, (str, os.PathLike)):
+        return agent
+    return getattr(getattr(agent, "config", None), "name_or_path", None)
+
+
+def _critic_sources(args: MARLHFConfig, critic_model, critics, num_agents: int, agents_model) -> tuple[Any, Any]:
+    """`(critic_model, critics)` for the online trainer, with CoMLRL's checks, as CoMLRL resolves them: `critics`,
+    else `critic_model`, else `critic_model_name`, else the agents' model; `(None, None)` for value heads."""
+    if args.rl_algorithm == "iac" and not args.use_separate_critic:
+        if critic_model is not None or critics is not None:
+            raise ValueError(
+                "critics can only be provided when use_separate_critic=True: with `use_separate_critic=False` "
+                "each agent carries its own value head; drop `critic_model`/`critics`."
+            )
+        return None, None
+    if critics is not None:
+        critics = list(critics)
+        if args.rl_algorithm == "maac" and len(critics) != 1:
+            raise ValueError(f"MAAC trains one joint critic: `critics` must hold 1 model, got {len(critics)}.")
+        if args.rl_algorithm == "iac" and len(critics) != num_agents:
+            raise ValueError(f"`critics` must hold one critic per agent ({num_agents}), got {len(critics)}.")
+        return None, critics
+    source = critic_model or args.critic_model_name or agents_model
+    if source is None or (isinstance(source, torch.nn.Module) and args.rl_algorithm == "iac"):
+        raise ValueError(
+            "MARLHF with an actor-critic back-end needs the critics' model: set `critic_model_name` (a model id "
+            "or path), or pass `critic_model=` (an id or path) or `critics=[...]` (models)."
+        )
+    if critic_model is None and isinstance(source, (str, os.PathLike)):  # the online trainer names `critic_model`
+        model_config_of(source, "critic_model_name" if args.critic_model_name else "agent_model")
+    return source, None
 
 
 __all__ = ["MARLHFConfig", "MARLHFTrainer"]

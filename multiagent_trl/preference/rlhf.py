@@ -207,14 +207,6 @@ class RewardModelStage:
         self.reward_model_history: list[dict[str, float]] = []
         self._online_reward: Callable | None = None  # the reward model as the training reward, once trained
 
-    def score_with_reward_model(self, reward_model: JointRewardModel) -> None:
-        """Train on an already trained `reward_model`'s raw scores, with no reward-model stage of this trainer's own
-        (e.g. another trainer's stage fitted it). Evaluation keeps the task reward; `save_model` writes it too."""
-        self.reward_device = next(reward_model.parameters()).device
-        self.reward_model, self.given_preference_pairs = reward_model, None
-        self.preference_pairs, self.reward_model_history = [], []
-        self._online_reward = bind_joint_scorer(reward_model, self.num_agents)
-
     def reward_model_folder(self, output_dir: str) -> str:
         """Where the reward model is saved under `output_dir` (a checkpoint or `save_model`'s folder)."""
         return os.path.join(output_dir, REWARD_MODEL_DIR)
@@ -284,15 +276,16 @@ class RewardModelStage:
         return files
 
     @contextmanager
-    def scored_by(self, scorer: Callable) -> Iterator[None]:
-        """Inside the block, sampled joint candidates are scored by `scorer` alone (a joint reward model bound with
-        `bind_joint_scorer`), raw: no reward weights, no `reward_processor`."""
+    def scored_by(self, scorer: Callable, reward_processor: Callable[[float], float] | None = None) -> Iterator[None]:
+        """Inside the block, sampled joint candidates are scored by `scorer` alone (a bound reward function, e.g. a
+        joint reward model bound with `bind_joint_scorer`), with no reward weights and only `reward_processor` (none:
+        raw scores)."""
         with self._swap(
             reward_funcs=[scorer],
             reward_func_names=[scorer.__name__],
             reward_weights=torch.ones(1, device=self.reward_weights.device),
             reward_processing_classes=[None],
-            reward_processor=None,
+            reward_processor=reward_processor,
         ):
             yield
 
