@@ -58,21 +58,19 @@ def test_import_contracts_are_kept():
 
 
 def test_the_comlrl_layer_loads_on_first_use_only():
-    # One interpreter for both halves (each start imports torch and TRL): the package and its CLI import without the
-    # layer, then the first CoMLRL name loads it.
+    # One interpreter (each start imports torch and TRL): the package and its CLI import without the layer; the
+    # subpackage, reached as an attribute as it could be when `import multiagent_trl` loaded it, loads it; the first
+    # CoMLRL name imported from the package is the layer's.
     code = (
         "import sys, multiagent_trl, multiagent_trl.cli\n"
         "before = 'multiagent_trl.comlrl' in sys.modules\n"
+        "name = multiagent_trl.comlrl.MAGRPOTrainer.__name__\n"
+        "after = 'multiagent_trl.comlrl' in sys.modules\n"
         "from multiagent_trl import MAGRPOTrainer\n"
         "from multiagent_trl.comlrl.reinforce import MAGRPOTrainer as ported\n"
-        "print(before, MAGRPOTrainer is ported, 'multiagent_trl.comlrl' in sys.modules)"
+        "print(before, name, after, MAGRPOTrainer is ported)"
     )
-    assert run_python(code) == "False True True"
-
-
-def test_the_comlrl_subpackage_is_an_attribute_as_before():
-    # `import multiagent_trl` used to load `comlrl/`, so code could reach it as an attribute: it still can.
-    assert run_python("import multiagent_trl; print(multiagent_trl.comlrl.MAGRPOTrainer.__name__)") == "MAGRPOTrainer"
+    assert run_python(code) == "False MAGRPOTrainer True True"
 
 
 @pytest.mark.parametrize("name", COMLRL_NAMES)
