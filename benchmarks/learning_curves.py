@@ -289,7 +289,8 @@ def run_worker(args) -> None:
         if drawn_once:  # the last point at the budget, where the other runs end, though fewer task rewards were drawn
             reward.points[-1] = (curve.budget, reward.points[-1][1])
     result = {"points": reward.points, "train_seconds": wall, "samples": len(reward.rewards), "stopped": stopped}
-    result["log_history"] = trainer.state.log_history  # the training logs (losses, critic values, ...) for diagnosis
+    # The training logs (losses, critic values, ...) for diagnosis; CoMLRL's trainers keep none (no Trainer state).
+    result["log_history"] = trainer.state.log_history if hasattr(trainer, "state") else []
     Path(args.out).write_text(json.dumps(result))
 
 
