@@ -164,7 +164,7 @@ def end_launched_process() -> NoReturn:
 
     In torch 2.13, a gloo worker thread can still hold tensors when the interpreter tears down: the process then aborts
     ("terminate called without an active exception") or deadlocks on the GIL, after its work is done, whether or not
-    the process group was destroyed first (pytorch/pytorch#190489 and #179291; seen in about 1 launch in 10 here)."""
+    the process group was destroyed first (pytorch/pytorch#190489 and #179291; 1 to 2 launches in 10 here)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
