@@ -47,13 +47,13 @@ PAIRS = [
 ]
 
 
-def comlrl_rm_trainer(comlrl, lr: float, batch_size: int, epochs: int):
+def comlrl_rm_trainer(comlrl, lr: float, batch_size: int, epochs: int, freeze: bool = False):
     """CoMLRL's MARLHFTrainer, bare, holding its reward model (seeded head) and AdamW as its `_init_reward_model`
     builds them; `_train_reward_model` reads nothing else."""
     tokenizer = tiny_tokenizer()
     tokenizer.padding_side = "right"  # CoMLRL pads on the tokenizer's side; ours always on the right
     torch.manual_seed(3)
-    model = comlrl.marlhf.JointRewardModel(AutoModelForCausalLM.from_pretrained(tiny_model_path()))
+    model = comlrl.marlhf.JointRewardModel(AutoModelForCausalLM.from_pretrained(tiny_model_path()), freeze)
     trainer = object.__new__(comlrl.marlhf.MARLHFTrainer)
     trainer.__dict__.update(
         num_agents=2,
@@ -116,6 +116,24 @@ def test_reward_model_training_matches_comlrl(comlrl, batch_size, epochs):
     assert ours.state_dict().keys() == theirs.reward_model.state_dict().keys()
     assert_same_update([("reward_model", ours, theirs.reward_model)], lr, steps=len(history))
     assert not ours.training and not theirs.reward_model.training
+
+
+def test_frozen_backbone_reads_each_joint_sample_once_and_trains_the_head_as_comlrl(comlrl):
+    lr, batch_size, epochs = 1e-2, 2, 3
+    theirs = comlrl_rm_trainer(comlrl, lr, batch_size, epochs, freeze=True)
+    ours = our_rm(freeze=True)
+    forwards = []
+    ours.backbone.get_decoder().register_forward_hook(lambda module, args, output: forwards.append(1))
+    torch.manual_seed(11)
+    theirs._train_reward_model(their_pairs(comlrl))
+    torch.manual_seed(11)
+    history = train_reward_model(ours, our_pairs(), learning_rate=lr, num_train_epochs=epochs, batch_size=batch_size)
+    # CoMLRL runs the backbone twice per step (6 steps here); ours once, on the 6 distinct joint samples together.
+    assert len(history) == 6 and len(forwards) == 1
+    # The same head after the same AdamW steps; features read in one padded batch instead of per step agree to float
+    # rounding (the backbone's rows are padded on the right, which a causal model does not read).
+    assert_same_update([("reward_model", ours, theirs.reward_model)], lr, steps=len(history))
+    assert not ours.training
 
 
 def test_reward_model_training_freezes_the_backbone_and_logs():

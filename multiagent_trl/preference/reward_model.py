@@ -190,6 +190,12 @@ class JointRewardModel(nn.Module):
 
         `span_mask` `(B, N, T)` marks agent i's response tokens (`tokenize` builds it); the span poolings need it.
         """
+        return self.score_features(self.features_of_rows(input_ids, attention_mask, span_mask))
+
+    def features_of_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, span_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`(B, F)`: what the head reads from `(B, T)` token rows, the backbone's last hidden states pooled."""
         position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T): left padding scores as none
         rows = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         decoder = self.backbone.get_decoder() if hasattr(self.backbone, "get_decoder") else None
@@ -199,7 +205,17 @@ class JointRewardModel(nn.Module):
             hidden = decoder(**rows).last_hidden_state  # (B, T, H)
         else:
             hidden = self.backbone(**rows, output_hidden_states=True).hidden_states[-1]
-        return self.reward_head(self.pool(hidden, attention_mask, span_mask)).squeeze(-1)  # (B,)
+        return self.pool(hidden, attention_mask, span_mask)
+
+    def score_features(self, features: torch.Tensor) -> torch.Tensor:
+        """`(B,)` scores of `(B, F)` head inputs (`features_of_rows`, `joint_features`)."""
+        return self.reward_head(features).squeeze(-1)
+
+    @property
+    def frozen_backbone(self) -> bool:
+        """Whether only the head trains (`freeze_backbone=True`, or every backbone weight set not to): then a joint
+        sample's features never change, and `train_reward_model` computes them once."""
+        return not any(parameter.requires_grad for parameter in self.backbone.parameters())
 
     def pool(
         self, hidden: torch.Tensor, attention_mask: torch.Tensor, span_mask: torch.Tensor | None = None
@@ -262,15 +278,24 @@ class JointRewardModel(nn.Module):
     def score_joint(self, prompts: Sequence[Sequence], completions: Sequence[Sequence]) -> torch.Tensor:
         """`(B,)` scores of B joint samples (`prompts[j]`, `completions[j]`: every agent's), read as `joint_text`,
         with gradients when the model trains. Every pooling works here."""
+        return self(**self.joint_rows(prompts, completions))
+
+    def joint_features(self, prompts: Sequence[Sequence], completions: Sequence[Sequence]) -> torch.Tensor:
+        """`(B, F)`: what the head reads of B joint samples; `score_features` of them is `score_joint`."""
+        return self.features_of_rows(**self.joint_rows(prompts, completions))
+
+    def joint_rows(self, prompts: Sequence[Sequence], completions: Sequence[Sequence]) -> dict[str, torch.Tensor]:
+        """The token rows of B joint samples, read as `joint_text` (with each response's `span_mask` for the span
+        poolings)."""
         if self.pooling not in SPAN_POOLINGS:
-            return self.score([joint_text(p, c) for p, c in zip(prompts, completions)])
+            return self.tokenize([joint_text(p, c) for p, c in zip(prompts, completions)])
         texts, spans = zip(*(joint_text_spans(p, c) for p, c in zip(prompts, completions)))
         if any(len(row) != self.num_agents for row in spans):
             raise ValueError(
                 f"This reward model pools {self.num_agents} agents' responses (num_agents), but a joint sample has "
                 f"{sorted({len(row) for row in spans})} agents."
             )
-        return self(**self.tokenize(texts, spans))
+        return self.tokenize(texts, spans)
 
     def __call__(self, *args, prompts: Sequence | None = None, completions: Sequence | None = None, **kwargs):
         """As a module, `forward`; as a reward function (`prompts=`, `completions=` given), the list of scores.

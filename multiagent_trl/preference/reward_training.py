@@ -9,6 +9,7 @@ then a `JointRewardModel` trained on them with the Bradley-Terry loss.
 2. Training (`train_reward_model`): shuffled batches of pairs (a `DataLoader` with `shuffle=True`, torch's global
    generator, as CoMLRL), per batch the winners' and the losers' joint texts scored in two forwards,
    `bradley_terry_loss`, one AdamW step (weight decay 0.01, constant learning rate, no clipping: CoMLRL's optimizer).
+   With a frozen backbone the features of each joint sample are computed once, before the steps (`frozen_features`).
    Every step's loss, accuracy (winner scored higher) and margin come back (CoMLRL logs nothing).
 
 TRL's `RewardTrainer` is not used: it trains a sequence classifier (the joint reward model is a causal LM with its own
@@ -109,7 +110,9 @@ def train_reward_model(
     """Train `model` with the Bradley-Terry loss on `pairs` (CoMLRL 1.4.3's MARLHF reward-model stage).
 
     Args:
-        model: The joint reward model (with its tokenizer); left in eval mode.
+        model: The joint reward model (with its tokenizer); left in eval mode. With its backbone frozen
+            (`model.frozen_backbone`), every distinct joint sample goes through the backbone once (`frozen_features`)
+            and the steps train the head on those features: the same steps, without the backbone's forwards.
         pairs: The preference pairs (`collect_preference_pairs`, or your own: human preferences work the same).
         learning_rate, num_train_epochs, batch_size: CoMLRL's `reward_learning_rate` (`1e-5`),
             `reward_num_train_epochs` (`1`), `reward_train_batch_size` (`1`).
@@ -136,13 +139,20 @@ def train_reward_model(
     if optimizer is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
     loader = DataLoader(list(pairs), batch_size=batch_size, shuffle=True, collate_fn=list, num_workers=0)
+    # Beyond CoMLRL, which runs the backbone on every batch: a frozen backbone's features never change, so each
+    # distinct joint sample is read once (without dropout, as a fixed feature extractor) and the steps train the head.
+    features = frozen_features(model, pairs) if model.frozen_backbone else None
     model.train()
     history = []
     step = 0
     for epoch in range(num_train_epochs):
         for batch in loader:
-            chosen = model.score_joint([p.prompts for p in batch], [p.chosen for p in batch])  # (B,)
-            rejected = model.score_joint([p.prompts for p in batch], [p.rejected for p in batch])  # (B,)
+            if features is None:
+                chosen = model.score_joint([p.prompts for p in batch], [p.chosen for p in batch])  # (B,)
+                rejected = model.score_joint([p.prompts for p in batch], [p.rejected for p in batch])  # (B,)
+            else:
+                chosen = model.score_features(torch.stack([features[p.prompts, p.chosen] for p in batch]))
+                rejected = model.score_features(torch.stack([features[p.prompts, p.rejected] for p in batch]))
             margin = None
             if margin_scale > 0:
                 gaps = torch.tensor([p.chosen_reward - p.rejected_reward for p in batch])  # (B,)
@@ -165,6 +175,21 @@ def train_reward_model(
             )
     model.eval()
     return history
+
+
+def frozen_features(
+    model: JointRewardModel, pairs: Sequence[JointPreferencePair], chunk: int = 64
+) -> dict[tuple[tuple, tuple], torch.Tensor]:
+    """`{(prompts, completions): (F,) features}` of every distinct joint sample of `pairs`, read by `model`'s frozen
+    backbone in eval mode, `chunk` samples per forward."""
+    samples = list(dict.fromkeys((p.prompts, c) for p in pairs for c in (p.chosen, p.rejected)))
+    model.eval()
+    with torch.no_grad():
+        rows = [
+            model.joint_features([s[0] for s in samples[i : i + chunk]], [s[1] for s in samples[i : i + chunk]])
+            for i in range(0, len(samples), chunk)
+        ]
+    return dict(zip(samples, torch.cat(rows)))
 
 
 def summarize(history: Sequence[dict[str, float]], num_pairs: int) -> dict[str, float]:
