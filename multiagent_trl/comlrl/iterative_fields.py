@@ -6,18 +6,11 @@ native round fields; the reward-range check of `log_reward_distribution` (`rewar
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..preference.replay import (
-    COMPARATOR_POLICIES,
-    COMPARATOR_POLICY_ALIASES,
-    REPLAY_MODE_ALIASES,
-    REPLAY_MODES,
-    canonical,
-)
+from ..preference.replay import COMPARATOR_POLICIES, COMPARATOR_POLICY_ALIASES, canonical, check_replay_fields
 from ..rewards.joint import reward_range
 
 GENERATION_MODES = ("decentralized", "centralized")
@@ -74,49 +67,19 @@ class IterativePreferenceFields:
 
     def _check_iterative_fields(self) -> None:
         """CoMLRL's cross-field checks (`_validate_iterative_config`), then what is not supported here."""
-        folder = self.preference_replay_dir
-        if folder is not None and os.path.exists(folder) and not os.path.isdir(folder):
-            raise ValueError(
-                f"`preference_replay_dir={folder!r}` is a file; it must be a folder (new or holding earlier shards, "
-                "`iteration_XXXX.json`): give another path, or None for `output_dir/preference_replay`."
-            )
         if int(self.num_iterations) < 1:
             raise ValueError(f"`num_iterations` must be at least 1, got {self.num_iterations}.")
         self.num_iterations = int(self.num_iterations)
-        mode = canonical(
-            self.preference_replay_mode, "preference_replay_mode", REPLAY_MODES, REPLAY_MODE_ALIASES, "current"
+        replay = check_replay_fields(
+            self.preference_replay_mode,
+            self.preference_replay_k,
+            self.preference_replay_lambda,
+            self.preference_replay_sample_size,
+            self.preference_replay_dir,
+            prefix="preference_",
         )
-        self.preference_replay_mode = mode
-        k, lam, size = self.preference_replay_k, self.preference_replay_lambda, self.preference_replay_sample_size
-        if mode == "current" and k not in (None, 1):
-            raise ValueError("`preference_replay_k` must be None or 1 with `preference_replay_mode='current'`.")
-        if mode in ("all_history", "lambda_decay") and k is not None:
-            raise ValueError("`preference_replay_k` is only valid with `preference_replay_mode='nearest_k'`.")
-        if mode != "lambda_decay" and lam is not None:
-            raise ValueError("`preference_replay_lambda` is only valid with `preference_replay_mode='lambda_decay'`.")
-        if mode == "current" and size is not None:
-            raise ValueError(
-                "`preference_replay_sample_size` is only valid with `preference_replay_mode` 'nearest_k', "
-                "'all_history' or 'lambda_decay': 'current' trains on this iteration's pairs."
-            )
-        if mode == "nearest_k":
-            if k is None:
-                raise ValueError(
-                    "`preference_replay_mode='nearest_k'` needs `preference_replay_k` (shards to replay)."
-                )
-            if int(k) < 1:
-                raise ValueError(f"`preference_replay_k` must be at least 1, got {k}.")
-            self.preference_replay_k = int(k)
-        if mode == "lambda_decay":
-            if lam is None:
-                raise ValueError("`preference_replay_mode='lambda_decay'` needs `preference_replay_lambda` in [0, 1].")
-            if not 0.0 <= float(lam) <= 1.0:
-                raise ValueError(f"`preference_replay_lambda` must be in [0, 1], got {lam}.")
-            self.preference_replay_lambda = float(lam)
-        if size is not None:
-            if int(size) < 1:
-                raise ValueError(f"`preference_replay_sample_size` must be at least 1 or None, got {size}.")
-            self.preference_replay_sample_size = int(size)
+        self.preference_replay_mode, self.preference_replay_k = replay[:2]
+        self.preference_replay_lambda, self.preference_replay_sample_size = replay[2:]
 
         policy = canonical(
             self.comparator_policy, "comparator_policy", COMPARATOR_POLICIES, COMPARATOR_POLICY_ALIASES, "current"
