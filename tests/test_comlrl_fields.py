@@ -18,13 +18,16 @@ CONFIGS = {
     "MARLHFConfig": MARLHFConfig,
 }
 LIMITED = [
-    (family, row) for family, rows in FAMILIES.items() for row in rows if row.minimum is not None or row.choices
+    (family, row)
+    for family, rows in FAMILIES.items()
+    for row in rows
+    if row.minimum is not None or row.choices or row.positive
 ]
 
 
 @pytest.mark.parametrize(("family", "row"), LIMITED, ids=[f"{f}.{r.name}" for f, r in LIMITED])
 def test_every_limit_in_the_table_is_checked(family, row):
-    value = "bogus" if row.choices else row.minimum - 1
+    value = "bogus" if row.choices else 0 if row.positive else row.minimum - 1
     with pytest.raises(ValueError, match=f"`{row.name}` must be"):
         CONFIGS[family](**{row.name: value}, report_to="none")
 

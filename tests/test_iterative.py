@@ -200,6 +200,33 @@ def test_comparator_not_built_is_refused(tmp_path):
         small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, replay_mode="nearest_k")
 
 
+REPLAY_RULES = [
+    (dict(replay_mode="all_history", replay_k=2), "`replay_k` is only valid with `replay_mode='nearest_k'`"),
+    (dict(replay_mode="current", replay_k=3), "`replay_k` must be None or 1"),
+    (dict(replay_mode="nearest_k", replay_k=0), "`replay_k` must be at least 1"),
+    (dict(replay_lambda=0.5), "`replay_lambda` is only valid with `replay_mode='lambda_decay'`"),
+    (dict(replay_mode="lambda_decay", replay_lambda=1.5), r"`replay_lambda` must be in \[0, 1\]"),
+    (dict(replay_sample_size=4), "`replay_sample_size` is only valid with `replay_mode`"),
+    (dict(replay_mode="all_history", replay_sample_size=0), "`replay_sample_size` must be at least 1"),
+    (dict(replay_mode="sometimes"), "`replay_mode` must be one of"),
+]
+
+
+@pytest.mark.parametrize("config_class", [MultiAgentIterativeDPOConfig, MultiAgentIterativeRLHFConfig])
+@pytest.mark.parametrize(("fields", "match"), REPLAY_RULES, ids=[str(i) for i in range(len(REPLAY_RULES))])
+def test_replay_fields_out_of_their_mode_raise_naming_the_field(tmp_path, config_class, fields, match):
+    with pytest.raises(ValueError, match=match):
+        small_args(tmp_path, config_class, num_agents=2, **fields)
+
+
+def test_replay_fields_are_normalised_and_a_file_is_no_replay_dir(tmp_path):
+    config = small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, replay_mode="Last_K", replay_k=2.0)
+    assert (config.replay_mode, config.replay_k, type(config.replay_k)) == ("nearest_k", 2, int)
+    (tmp_path / "shards").write_text("not a folder")
+    with pytest.raises(ValueError, match="`replay_dir=.*` is a file"):
+        small_args(tmp_path, MultiAgentIterativeRLHFConfig, num_agents=2, replay_dir=str(tmp_path / "shards"))
+
+
 # ---------------------------------------------------------------- iterative RLHF
 
 

@@ -122,6 +122,8 @@ def test_checkpoints_hold_the_reward_model_and_resume_restores_it(tmp_path):
         ({"pair_selection": "best"}, "pair_selection"),
         ({"reward_model_device": "gpu!"}, "reward_model_device"),
         ({"reward_pooling": "first"}, "reward_pooling"),
+        ({"num_turns": 2}, "num_turns=1"),
+        ({"joint_mode": "cross"}, "joint_mode='aligned'"),
     ],
 )
 def test_bad_config_raises_naming_the_field(tmp_path, overrides, match):

@@ -18,12 +18,14 @@ from transformers import TrainingArguments
 
 
 class Field(NamedTuple):
-    """One row: CoMLRL's name, what it becomes here, and what it accepts (`minimum` and `choices` are checked)."""
+    """One row: CoMLRL's name, what it becomes here, and what it accepts (`minimum`, `choices` and `positive` are
+    checked)."""
 
     name: str
     native: str
     minimum: float | None = None  # an int reads "at least", a float ">="
     choices: tuple[str, ...] = ()
+    positive: bool = False  # "> 0" (None passes)
 
 
 SHARED = (
@@ -85,7 +87,12 @@ MADPO = (
 )
 ONLINE_CRITIC = "`iac`/`maac` only (else their default only)"
 MARLHF = (  # MARLHF's own fields; the others are MAGRPOConfig's, for the online phase
-    Field("rl_algorithm", "`magrpo`, `mareinforce`, `maremax`, `marloo` (`advantage_mode`); `iac`, `maac` (critics)"),
+    Field(
+        "rl_algorithm",
+        "`advantage_mode` (the MAGRPO family), or the critics (`iac`, `maac`); CoMLRL's `mareforce` too",
+        None,
+        ("magrpo", "mareinforce", "maremax", "marloo", "iac", "maac"),
+    ),
     Field(
         "collaboration_mode", "same (`centralized`: the MAGRPO family online)", None, ("decentralized", "centralized")
     ),
@@ -94,21 +101,21 @@ MARLHF = (  # MARLHF's own fields; the others are MAGRPOConfig's, for the online
     Field("pair_selection", "same: `reward_gap`, `random`, `all`"),
     Field("reward_model_name", "same (None: the agents' model)"),
     Field("reward_model_device", "same; None, or CUDA without CUDA: the team's device"),
-    Field("reward_learning_rate", "same (> 0)"),
+    Field("reward_learning_rate", "same", positive=True),
     Field("reward_num_train_epochs", "same", 1),
     Field("reward_train_batch_size", "same", 1),
     Field("reward_max_length", "same (None: no cut)", 1),
     Field("reward_freeze_backbone", "same"),
     Field("critic_model_name", f"the critics' model (None: the agents'); {ONLINE_CRITIC}"),
-    Field("critic_learning_rate", f"same (None: `agent_learning_rate`); {ONLINE_CRITIC}"),
+    Field("critic_learning_rate", f"same (None: `agent_learning_rate`); {ONLINE_CRITIC}", positive=True),
     Field("critic_devices", f"with `mp`; {ONLINE_CRITIC}"),
     Field("use_separate_critic", f"IAC: a critic model per agent, or a head on each; MAAC: True; {ONLINE_CRITIC}"),
     Field("critic_type", f"same; {ONLINE_CRITIC}", None, ("v", "q")),
-    Field("value_loss_coef", f"same (> 0); {ONLINE_CRITIC}"),
-    Field("value_clip_range", f"IAC's heads on the agents; {ONLINE_CRITIC}"),
+    Field("value_loss_coef", f"same; {ONLINE_CRITIC}", positive=True),
+    Field("value_clip_range", f"IAC's heads on the agents; {ONLINE_CRITIC}", positive=True),
     Field("critic_value_head_hidden_dim", f"the critics' head width (MAAC's too); {ONLINE_CRITIC}"),
     Field("value_head_hidden_dim", f"IAC's heads on the agents: their width; {ONLINE_CRITIC}"),
-    Field("dpo_beta", "MADPO's, unused (default only)"),
+    Field("dpo_beta", "MADPO's, unused (default only)", positive=True),
     Field("use_environment_step", "MADPO's, unused (default only)"),
     Field("environment_steps_per_pair", "MADPO's, unused (default only)", 1),
 )
@@ -138,6 +145,8 @@ def check_fields(config, family: str) -> None:
         elif row.minimum is not None and value is not None and value < row.minimum:
             bound = f">= {row.minimum:g}" if isinstance(row.minimum, float) else f"at least {row.minimum}"
             raise ValueError(f"`{row.name}` must be {bound}, got {value}.")
+        elif row.positive and value is not None and not value > 0:
+            raise ValueError(f"`{row.name}` must be > 0, got {value}.")
 
 
 def fields_table(config: type) -> str:
@@ -146,6 +155,7 @@ def fields_table(config: type) -> str:
     lines = ["| CoMLRL field | default | here | limit |", "| --- | --- | --- | --- |"]
     for row in FAMILIES[config.__name__]:
         limit = " / ".join(f"`{c}`" for c in row.choices) or ("" if row.minimum is None else f">= {row.minimum:g}")
+        limit = "> 0" if row.positive else limit
         lines.append(f"| `{row.name}` | `{defaults[row.name]!r}` | {row.native} | {limit} |")
     return "\n".join(lines)
 

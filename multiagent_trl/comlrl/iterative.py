@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer, RoundSaves
-from ..preference.replay import COMPARISON_PAIR_SELECTIONS
+from ..preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
 from ..team.views import swapped
-from .iterative_fields import IterativePreferenceFields, iteration_logs, reward_bounds
+from .iterative_fields import ROUND_FIELDS, IterativePreferenceFields, iteration_logs, iterative_config, save_rounds
 from .preference import MADPOConfig, MADPOTrainer
 
 
@@ -64,26 +63,12 @@ class MADPOIterConfig(IterativePreferenceFields, MADPOConfig, MultiAgentIterativ
     centralized_ported: ClassVar[bool] = True
 
     def __post_init__(self):
-        selection = str(self.pair_selection).strip().lower()
-        if selection not in COMPARISON_PAIR_SELECTIONS:
-            raise ValueError(
-                f"`pair_selection` must be one of {', '.join(COMPARISON_PAIR_SELECTIONS)}; "
-                f"got {self.pair_selection!r}."
-            )
-        self._check_iterative_fields()  # CoMLRL's names in the errors, before the native checks see them
-        if int(self.num_train_epochs) < 1:
-            raise ValueError(
-                f"`num_train_epochs` (passes over an iteration's pairs) must be >= 1, got {self.num_train_epochs}."
-            )
-        self.comparator, self.comparator_num_generations = "current", self.comparator_num_candidates
-        self.replay_mode, self.replay_k = self.preference_replay_mode, self.preference_replay_k
-        self.replay_lambda, self.replay_sample_size = self.preference_replay_lambda, self.preference_replay_sample_size
-        self.replay_dir = self.preference_replay_dir
+        self.comparator = "current"  # `num_train_epochs` >= 1 is MADPOConfig's table check
+        for name, native in ROUND_FIELDS.items():  # checked by CoMLRL's names first (`IterativePreferenceFields`)
+            setattr(self, native, getattr(self, name))
         self.pair_batch_size = self.comlrl_train_batch_size or self.rollout_buffer_size
         self.pair_passes = int(self.num_train_epochs)
-        self.pair_selection = "reward_gap" if selection == "comparator_reward" else selection  # MADPO's checks
         super().__post_init__()
-        self.pair_selection = selection
 
     def _generation_batch(self) -> tuple[int, int, None]:
         # A training batch is `pair_batch_size` pairs; the generation batch only sizes the rounds' draws: CoMLRL's
@@ -102,19 +87,11 @@ class MADPOIterTrainer(MADPOTrainer, MultiAgentIterativeDPOTrainer):
     algorithm_name = "MADPOIter"
 
     def __init__(self, *args, **kwargs):
-        config = kwargs.get("args") if "args" in kwargs else (args[14] if len(args) > 14 else None)  # CoMLRL's 15th
-        if config is not None and not isinstance(config, self.default_config_cls):
-            raise TypeError(
-                f"`args` is a {type(config).__name__}; {type(self).__name__} needs a "
-                f"{self.default_config_cls.__name__}."
-            )
-        reward = kwargs.get("reward_func", kwargs.get("reward_funcs", args[7] if len(args) > 7 else None))
-        reward_bounds(config is not None and config.log_reward_distribution, reward)  # before anything loads
+        iterative_config(type(self), args, kwargs)
         super().__init__(*args, **kwargs)
         self.num_iterations = 1  # TRL's meaning (updates per generation batch); CoMLRL's is `args.num_iterations`
         self.trained_pairs = 0
-        if self.args.policy_checkpoint_dir:
-            self.add_callback(RoundSaves(self, self.args.policy_checkpoint_dir))
+        save_rounds(self)
 
     def train(
         self,

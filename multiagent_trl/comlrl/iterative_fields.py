@@ -6,20 +6,26 @@ native round fields; the reward-range check of `log_reward_distribution` (`rewar
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..preference.iterative import RoundSaves
 from ..preference.replay import (
     COMPARATOR_POLICIES,
     COMPARATOR_POLICY_ALIASES,
-    REPLAY_MODE_ALIASES,
-    REPLAY_MODES,
+    COMPARISON_PAIR_SELECTIONS,
     canonical,
+    check_replay_fields,
 )
 from ..rewards.joint import reward_range
 
+# CoMLRL's iterative field -> the native round field it becomes (`IterativeRoundFields`).
+ROUND_FIELDS = {f"preference_{name}": name for name in ("replay_mode", "replay_k", "replay_lambda", "replay_dir")}
+ROUND_FIELDS |= {
+    "preference_replay_sample_size": "replay_sample_size",
+    "comparator_num_candidates": "comparator_num_generations",
+}
 GENERATION_MODES = ("decentralized", "centralized")
 GENERATION_MODE_ALIASES = {
     "decentralised": "decentralized",
@@ -34,8 +40,8 @@ GENERATION_MODE_ALIASES = {
 @dataclass
 class IterativePreferenceFields:
     """CoMLRL 1.4.3's iterative fields (its `_IterativePreferenceConfig`) and their cross-field checks, shared by
-    `MADPOIterConfig` and `MARLHFIterConfig` (each documents them). A config mixes them in before its base config
-    and calls `_check_iterative_fields()` at the end of its `__post_init__`."""
+    `MADPOIterConfig` and `MARLHFIterConfig` (each documents them). A config mixes them in before its base config;
+    its `__post_init__` ends with `super().__post_init__()`, which checks them, then the base config."""
 
     num_iterations: int = field(default=6, metadata={"help": "Pair-refresh iterations (CoMLRL's meaning)."})
     preference_replay_mode: str = field(
@@ -72,51 +78,35 @@ class IterativePreferenceFields:
 
     centralized_ported: ClassVar[bool] = False  # whether the config takes `collaboration_mode="centralized"`
 
+    def __post_init__(self):
+        """CoMLRL's iterative checks (its names in the errors, before a native check reads the round fields), then
+        `pair_selection`'s and the base config's."""
+        self._check_iterative_fields()
+        selection = str(self.pair_selection).strip().lower()
+        if selection not in COMPARISON_PAIR_SELECTIONS:
+            raise ValueError(
+                f"`pair_selection` must be one of {list(COMPARISON_PAIR_SELECTIONS)}, got {self.pair_selection!r}."
+            )
+        # The base configs (MADPO's, MARLHF's) know no comparator: "comparator_reward" takes "reward_gap"'s limits.
+        self.pair_selection = "reward_gap" if selection == "comparator_reward" else selection
+        super().__post_init__()
+        self.pair_selection = selection
+
     def _check_iterative_fields(self) -> None:
         """CoMLRL's cross-field checks (`_validate_iterative_config`), then what is not supported here."""
-        folder = self.preference_replay_dir
-        if folder is not None and os.path.exists(folder) and not os.path.isdir(folder):
-            raise ValueError(
-                f"`preference_replay_dir={folder!r}` is a file; it must be a folder (new or holding earlier shards, "
-                "`iteration_XXXX.json`): give another path, or None for `output_dir/preference_replay`."
-            )
         if int(self.num_iterations) < 1:
             raise ValueError(f"`num_iterations` must be at least 1, got {self.num_iterations}.")
         self.num_iterations = int(self.num_iterations)
-        mode = canonical(
-            self.preference_replay_mode, "preference_replay_mode", REPLAY_MODES, REPLAY_MODE_ALIASES, "current"
+        replay = check_replay_fields(
+            self.preference_replay_mode,
+            self.preference_replay_k,
+            self.preference_replay_lambda,
+            self.preference_replay_sample_size,
+            self.preference_replay_dir,
+            prefix="preference_",
         )
-        self.preference_replay_mode = mode
-        k, lam, size = self.preference_replay_k, self.preference_replay_lambda, self.preference_replay_sample_size
-        if mode == "current" and k not in (None, 1):
-            raise ValueError("`preference_replay_k` must be None or 1 with `preference_replay_mode='current'`.")
-        if mode in ("all_history", "lambda_decay") and k is not None:
-            raise ValueError("`preference_replay_k` is only valid with `preference_replay_mode='nearest_k'`.")
-        if mode != "lambda_decay" and lam is not None:
-            raise ValueError("`preference_replay_lambda` is only valid with `preference_replay_mode='lambda_decay'`.")
-        if mode == "current" and size is not None:
-            raise ValueError(
-                "`preference_replay_sample_size` is only valid with `preference_replay_mode` 'nearest_k', "
-                "'all_history' or 'lambda_decay': 'current' trains on this iteration's pairs."
-            )
-        if mode == "nearest_k":
-            if k is None:
-                raise ValueError(
-                    "`preference_replay_mode='nearest_k'` needs `preference_replay_k` (shards to replay)."
-                )
-            if int(k) < 1:
-                raise ValueError(f"`preference_replay_k` must be at least 1, got {k}.")
-            self.preference_replay_k = int(k)
-        if mode == "lambda_decay":
-            if lam is None:
-                raise ValueError("`preference_replay_mode='lambda_decay'` needs `preference_replay_lambda` in [0, 1].")
-            if not 0.0 <= float(lam) <= 1.0:
-                raise ValueError(f"`preference_replay_lambda` must be in [0, 1], got {lam}.")
-            self.preference_replay_lambda = float(lam)
-        if size is not None:
-            if int(size) < 1:
-                raise ValueError(f"`preference_replay_sample_size` must be at least 1 or None, got {size}.")
-            self.preference_replay_sample_size = int(size)
+        self.preference_replay_mode, self.preference_replay_k = replay[:2]
+        self.preference_replay_lambda, self.preference_replay_sample_size = replay[2:]
 
         policy = canonical(
             self.comparator_policy, "comparator_policy", COMPARATOR_POLICIES, COMPARATOR_POLICY_ALIASES, "current"
@@ -172,7 +162,7 @@ class IterativePreferenceFields:
                 "`comparator_devices` places a copy of the agents on other devices, which is not supported: the "
                 "comparator samples with the agents where they are. Leave it None."
             )
-        if self.collaboration_mode == "centralized":
+        if str(self.collaboration_mode).strip().lower() == "centralized":  # the base config lower-cases it later
             if not self.centralized_ported:
                 raise NotImplementedError(
                     f"`collaboration_mode='centralized'` is not ported to {type(self).__name__} yet: use "
@@ -184,6 +174,25 @@ class IterativePreferenceFields:
                 "`comparator_generation_mode='centralized'` with decentralized agents is not supported: use "
                 "'decentralized' (each agent answers its own prompt), or `collaboration_mode='centralized'`."
             )
+
+
+def iterative_config(trainer_cls: type, args: tuple, kwargs: dict):
+    """The config given to a CoMLRL iterative trainer (`args=`, or CoMLRL's 15th positional argument; `None` if
+    none), refused unless a `trainer_cls.default_config_cls`; with `log_reward_distribution`, the reward's range is
+    checked too (`reward_bounds`), before anything loads."""
+    config = kwargs.get("args", args[14] if len(args) > 14 else None)
+    expected = trainer_cls.default_config_cls
+    if config is not None and not isinstance(config, expected):
+        raise TypeError(f"`args` is a {type(config).__name__}; {trainer_cls.__name__} needs a {expected.__name__}.")
+    reward = kwargs.get("reward_func", kwargs.get("reward_funcs", args[7] if len(args) > 7 else None))
+    reward_bounds(config is not None and config.log_reward_distribution, reward)
+    return config
+
+
+def save_rounds(trainer) -> None:
+    """CoMLRL's `policy_checkpoint_dir`: the native `RoundSaves` saves the agents there after every round."""
+    if trainer.args.policy_checkpoint_dir:
+        trainer.add_callback(RoundSaves(trainer, trainer.args.policy_checkpoint_dir))
 
 
 def reward_bounds(log_reward_distribution: bool, reward) -> tuple[float, float] | None:
@@ -256,7 +265,10 @@ __all__ = [
     "GENERATION_MODES",
     "GENERATION_MODE_ALIASES",
     "IterativePreferenceFields",
+    "ROUND_FIELDS",
     "distribution_metrics",
+    "iterative_config",
     "iteration_logs",
     "reward_bounds",
+    "save_rounds",
 ]

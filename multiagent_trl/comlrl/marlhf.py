@@ -122,31 +122,26 @@ class MARLHFConfig(CoMLRLPreferenceFields, MAGRPOConfig):
 
     def _check_marlhf_fields(self) -> None:
         """CoMLRL 1.4.3's checks of `MARLHFConfig` and of MADPO's fields, and what this port does not support,
-        raised before anything is mapped."""
+        raised before anything is mapped: the table's limits (`check_fields`), the native reward-model stage's
+        (`check_reward_model_fields`: single turn, aligned, the pair fields), then what only this translation has."""
         algorithm = str(self.rl_algorithm or "magrpo").strip().lower()
-        algorithm = RL_ALGORITHM_ALIASES.get(algorithm, algorithm)
-        if algorithm not in (*RL_ALGORITHMS, *ACTOR_CRITIC_ALGORITHMS):
-            raise ValueError(
-                f"`rl_algorithm` must be one of {[*RL_ALGORITHMS, *ACTOR_CRITIC_ALGORITHMS]}, got "
-                f"{self.rl_algorithm!r}."
-            )
-        self.rl_algorithm = algorithm
-        actor_critic = algorithm in ACTOR_CRITIC_ALGORITHMS
-        minimum = 1 if actor_critic else 2
+        self.rl_algorithm = RL_ALGORITHM_ALIASES.get(algorithm, algorithm)
+        self.critic_type = self.critic_type or "v"
+        check_fields(self, "MARLHFConfig")  # the table's limits and choices (lower-cased)
+        check_reward_model_fields(self)
+        algorithm, actor_critic = self.rl_algorithm, self.rl_algorithm in ACTOR_CRITIC_ALGORITHMS
+        minimum = 1 if actor_critic else 2  # the MAGRPO family compares a prompt's samples
         if self.num_generations is None or self.num_generations < minimum:
             raise ValueError(
-                f"`num_generations` must be >= {minimum} for `rl_algorithm={algorithm!r}`"
-                + ("" if actor_critic else " (the MAGRPO family compares a prompt's samples)")
-                + f", got {self.num_generations}."
+                f"`num_generations` must be >= {minimum} for `rl_algorithm={algorithm!r}`, got {self.num_generations}."
             )
         given = str(self.advantage_mode).strip().lower()
-        if actor_critic:
-            if given != "mean":
-                raise ValueError(
-                    f"`advantage_mode={self.advantage_mode!r}` serves the MAGRPO family; `rl_algorithm="
-                    f"{algorithm!r}` takes its advantages from the critic: drop `advantage_mode`."
-                )
-        else:
+        if actor_critic and given != "mean":
+            raise ValueError(
+                f"`advantage_mode={self.advantage_mode!r}` serves the MAGRPO family; `rl_algorithm={algorithm!r}` "
+                "takes its advantages from the critic: drop `advantage_mode`."
+            )
+        if not actor_critic:
             mode = RL_ALGORITHMS[algorithm]
             if given not in ("mean", mode):  # "mean" is the default, which CoMLRL overwrites from rl_algorithm
                 raise ValueError(
@@ -155,33 +150,11 @@ class MARLHFConfig(CoMLRLPreferenceFields, MAGRPOConfig):
                     f"`rl_algorithm` of that mode ({ {v: k for k, v in RL_ALGORITHMS.items()}.get(given, 'none')!r})."
                 )
             self.advantage_mode = mode
-        check_reward_model_fields(self)  # the reward-model and pair fields, as the native config's
-        for name, ok, rule in (
-            (
-                "critic_learning_rate",
-                self.critic_learning_rate is None or self.critic_learning_rate > 0,
-                "> 0 or None",
-            ),
-            ("value_loss_coef", self.value_loss_coef > 0, "> 0"),
-            ("value_clip_range", self.value_clip_range is None or self.value_clip_range > 0, "> 0 or None"),
-            ("dpo_beta", self.dpo_beta > 0, "> 0"),
-        ):
-            if not ok:
-                raise ValueError(f"`{name}` must be {rule}, got {getattr(self, name)}.")
-        self.critic_type = self.critic_type or "v"
-        check_fields(self, "MARLHFConfig")  # the table's limits and choices (lower-cased)
         if self.collaboration_mode == "centralized" and actor_critic:
             raise NotImplementedError(
                 f"`collaboration_mode='centralized'` with `rl_algorithm={algorithm!r}` is not ported: the "
                 f"centralized team trains online with the MAGRPO family ({list(RL_ALGORITHMS)}); use one of "
                 "those, or `collaboration_mode='decentralized'` for the actor-critic back-ends."
-            )
-        if self.num_turns != 1:
-            raise ValueError(f"MARLHF supports `num_turns=1` only (as CoMLRL 1.4.3), got {self.num_turns}.")
-        if str(self.joint_mode).strip().lower() not in ("aligned", "align"):
-            raise ValueError(
-                f"MARLHF's reward model scores aligned joint samples only: set `joint_mode='aligned'`, got "
-                f"{self.joint_mode!r}."
             )
         checks = [(UNUSED_MADPO_FIELDS, "is a MADPO field that MARLHF never reads (CoMLRL ignores it too)")]
         if not actor_critic:

@@ -11,18 +11,12 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from ..preference.iterative import RoundSaves
 from ..preference.iterative_rlhf import PAIR_SCORINGS, RewardModelRounds, record_pair
-from ..preference.replay import COMPARISON_PAIR_SELECTIONS
-from .iterative_fields import IterativePreferenceFields, iteration_logs, reward_bounds
+from .iterative_fields import ROUND_FIELDS, IterativePreferenceFields, iteration_logs, iterative_config, save_rounds
 from .marlhf import ACTOR_CRITIC_ALGORITHMS, RL_ALGORITHMS, MARLHFConfig, MARLHFTrainer
 
 SCORING_ALIASES = {"oracle": "task", "environment": "task", "env": "task", "model": "reward_model"}
 SCORING_ALIASES["learned"] = "reward_model"
-# CoMLRL's iterative field -> the native round field it becomes (`MARLHFIterConfig.native_config`).
-ROUND_FIELDS = {f"preference_{name}": name for name in ("replay_mode", "replay_k", "replay_lambda", "replay_dir")}
-ROUND_FIELDS |= {"preference_replay_sample_size": "replay_sample_size", "preference_scoring_reward": "pair_scoring"}
-ROUND_FIELDS["comparator_num_candidates"] = "comparator_num_generations"
 
 
 @dataclass
@@ -46,14 +40,6 @@ class MARLHFIterConfig(IterativePreferenceFields, MARLHFConfig):
                 f"`rl_algorithm={algorithm!r}`: MARLHFIter's online phase runs the MAGRPO family only (CoMLRL's "
                 f"actor-critic back-ends are not ported to it); use `rl_algorithm` in {list(RL_ALGORITHMS)}."
             )
-        selection = str(self.pair_selection).strip().lower()
-        if selection not in COMPARISON_PAIR_SELECTIONS:
-            raise ValueError(
-                f"`pair_selection` must be one of {list(COMPARISON_PAIR_SELECTIONS)}; got {self.pair_selection!r}."
-            )
-        self.pair_selection = "reward_gap" if selection == "comparator_reward" else selection  # MARLHF's checks
-        super().__post_init__()
-        self.pair_selection = selection
         scoring = str(self.preference_scoring_reward or "task").strip().lower()
         self.preference_scoring_reward = SCORING_ALIASES.get(scoring, scoring)
         if self.preference_scoring_reward not in PAIR_SCORINGS:
@@ -66,15 +52,16 @@ class MARLHFIterConfig(IterativePreferenceFields, MARLHFConfig):
             )
         if self.max_steps > 0:
             raise ValueError(f"`max_steps={self.max_steps}` would cut the run across iterations: leave it at -1.")
-        self._check_iterative_fields()
+        super().__post_init__()  # CoMLRL's iterative checks, then MARLHFConfig's
 
     def native_config(self) -> MARLHFIterConfig:
         """The config the trainer runs: a copy with CoMLRL's iterative fields under the native round fields' names
-        (`ROUND_FIELDS`), `num_iterations` iterations of `num_train_epochs` epochs as rounds of `epochs_per_round`
-        epochs, the reward model reset every round, and TRL's `num_iterations` (1)."""
+        (`ROUND_FIELDS`, `pair_scoring`), `num_iterations` iterations of `num_train_epochs` epochs as rounds of
+        `epochs_per_round` epochs, the reward model reset every round, and TRL's `num_iterations` (1)."""
         config = copy.copy(self)
         for name, native in ROUND_FIELDS.items():
             setattr(config, native, getattr(self, name))
+        config.pair_scoring = self.preference_scoring_reward
         config.comparator = "current"  # "current_copy" too: every pair of a round is drawn before any update
         config.epochs_per_round = int(self.num_train_epochs)
         config.num_train_epochs = self.num_iterations * config.epochs_per_round
@@ -92,17 +79,12 @@ class MARLHFIterTrainer(RewardModelRounds, MARLHFTrainer):
     algorithm_name = "MARLHFIter"
 
     def __init__(self, *args, **kwargs):
-        given = kwargs.get("args", args[14] if len(args) > 14 else None)
-        given = MARLHFIterConfig() if given is None else given
-        if not isinstance(given, MARLHFIterConfig):
-            raise TypeError(f"`args` is a {type(given).__name__}; MARLHFIterTrainer needs a MARLHFIterConfig.")
-        reward_bounds(given.log_reward_distribution, kwargs.get("reward_func", args[7] if len(args) > 7 else None))
+        given = iterative_config(type(self), args, kwargs) or MARLHFIterConfig()
         args = args[:14] + args[15:]  # the config goes by keyword
         super().__init__(*args, **{**kwargs, "args": given.native_config()})
         self.comlrl_args, self.total_train_pairs = given, 0
         self.setup_reward_rounds()
-        if given.policy_checkpoint_dir:
-            self.add_callback(RoundSaves(self, given.policy_checkpoint_dir))
+        save_rounds(self)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, checkpoint_dir: str | None = None, **kwargs):
         """Every iteration, by one `Trainer.train` (`MARLHFTrainer.train`); CoMLRL's checkpoint arguments raise."""

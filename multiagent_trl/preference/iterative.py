@@ -32,10 +32,8 @@ from transformers import TrainerCallback
 
 from .config import MultiAgentDPOConfig
 from .replay import (
-    REPLAY_MODE_ALIASES,
-    REPLAY_MODES,
     ReplayShard,
-    canonical,
+    check_replay_fields,
     comparison_pairs,
     load_records,
     replay_selection,
@@ -72,15 +70,9 @@ class IterativeRoundFields:
             )
         if self.comparator_num_generations is not None and self.comparator_num_generations < 1:
             raise ValueError(f"`comparator_num_generations` must be >= 1, got {self.comparator_num_generations}.")
-        self.replay_mode = canonical(self.replay_mode, "replay_mode", REPLAY_MODES, REPLAY_MODE_ALIASES, "current")
-        if self.replay_mode == "nearest_k" and (self.replay_k is None or self.replay_k < 1):
-            raise ValueError("`replay_mode='nearest_k'` needs `replay_k` >= 1 (the newest shards to replay).")
-        if self.replay_mode == "lambda_decay" and not (
-            self.replay_lambda is not None and 0.0 <= self.replay_lambda <= 1.0
-        ):
-            raise ValueError("`replay_mode='lambda_decay'` needs `replay_lambda` in [0, 1].")
-        if self.replay_sample_size is not None and self.replay_sample_size < 1:
-            raise ValueError(f"`replay_sample_size` must be at least 1 or None, got {self.replay_sample_size}.")
+        self.replay_mode, self.replay_k, self.replay_lambda, self.replay_sample_size = check_replay_fields(
+            self.replay_mode, self.replay_k, self.replay_lambda, self.replay_sample_size, self.replay_dir
+        )
 
 
 @dataclass

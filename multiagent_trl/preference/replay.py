@@ -80,6 +80,62 @@ def canonical(value: str | None, name: str, allowed: Sequence[str], aliases: dic
     return mode
 
 
+def check_replay_fields(
+    mode: str | None,
+    k: int | None,
+    replay_lambda: float | None,
+    sample_size: int | None,
+    directory: str | None = None,
+    prefix: str = "",
+) -> tuple[str, int | None, float | None, int | None]:
+    """The replay fields' rules, one place for the native round configs and CoMLRL's iterative ones; the fields
+    normalised (`mode` canonical, the numbers as `int`/`float`), or a `ValueError` naming the field as
+    `prefix + "replay_mode"` etc. (CoMLRL's layer prints `preference_replay_...` with `prefix="preference_"`).
+
+    `k` only with `"nearest_k"` (which needs it, >= 1; `"current"` also takes 1, as CoMLRL), the lambda only with
+    `"lambda_decay"` (which needs it, in [0, 1]), a sample size (>= 1) only with a replaying mode, and `directory`
+    not a file.
+
+    >>> check_replay_fields("last_k", 2, None, 8)
+    ('nearest_k', 2, None, 8)
+    """
+    mode_field = f"{prefix}replay_mode"
+    if directory is not None and os.path.exists(directory) and not os.path.isdir(directory):
+        raise ValueError(
+            f"`{prefix}replay_dir={directory!r}` is a file; it must be a folder (new or holding earlier shards, "
+            "`iteration_XXXX.json`): give another path, or None for `output_dir/preference_replay`."
+        )
+    mode = canonical(mode, mode_field, REPLAY_MODES, REPLAY_MODE_ALIASES, "current")
+    if mode == "current" and k not in (None, 1):
+        raise ValueError(f"`{prefix}replay_k` must be None or 1 with `{mode_field}='current'`.")
+    if mode in ("all_history", "lambda_decay") and k is not None:
+        raise ValueError(f"`{prefix}replay_k` is only valid with `{mode_field}='nearest_k'`.")
+    if mode != "lambda_decay" and replay_lambda is not None:
+        raise ValueError(f"`{prefix}replay_lambda` is only valid with `{mode_field}='lambda_decay'`.")
+    if mode == "current" and sample_size is not None:
+        raise ValueError(
+            f"`{prefix}replay_sample_size` is only valid with `{mode_field}` 'nearest_k', 'all_history' or "
+            "'lambda_decay': 'current' trains on the round's own pairs."
+        )
+    if mode == "nearest_k":
+        if k is None:
+            raise ValueError(f"`{mode_field}='nearest_k'` needs `{prefix}replay_k` (the newest shards to replay).")
+        if int(k) < 1:
+            raise ValueError(f"`{prefix}replay_k` must be at least 1, got {k}.")
+        k = int(k)
+    if mode == "lambda_decay":
+        if replay_lambda is None:
+            raise ValueError(f"`{mode_field}='lambda_decay'` needs `{prefix}replay_lambda` in [0, 1].")
+        if not 0.0 <= float(replay_lambda) <= 1.0:
+            raise ValueError(f"`{prefix}replay_lambda` must be in [0, 1], got {replay_lambda}.")
+        replay_lambda = float(replay_lambda)
+    if sample_size is not None:
+        if int(sample_size) < 1:
+            raise ValueError(f"`{prefix}replay_sample_size` must be at least 1 or None, got {sample_size}.")
+        sample_size = int(sample_size)
+    return mode, k, replay_lambda, sample_size
+
+
 def comparison_pairs(
     current_rewards: Sequence[float],
     comparator_rewards: Sequence[float],
@@ -256,6 +312,7 @@ __all__ = [
     "REPLAY_MODES",
     "ReplayShard",
     "canonical",
+    "check_replay_fields",
     "comparison_pairs",
     "lambda_decay_weights",
     "load_records",

@@ -41,7 +41,15 @@ REWARD_MODEL_DIR = "reward_model"  # under output_dir, and under every checkpoin
 
 def check_reward_model_fields(config) -> None:
     """The reward-model and pair fields shared by `MultiAgentRLHFConfig` and CoMLRL's `MARLHFConfig`; normalises
-    `pair_selection` and checks `reward_model_device`."""
+    `pair_selection` and checks `reward_model_device`. The stage is single-turn and aligned: its pairs are one turn
+    of aligned joint samples (`sampling.collect_preference_pairs`), and the reward model scores one joint sample."""
+    if getattr(config, "num_turns", 1) != 1:
+        raise ValueError(f"RLHF's reward model scores one-turn episodes: set `num_turns=1`, got {config.num_turns}.")
+    if str(getattr(config, "joint_mode", "aligned")).strip().lower() == "cross":
+        raise ValueError(
+            "RLHF's reward model scores aligned joint samples (each agent's j-th completion together): set "
+            "`joint_mode='aligned'`, got 'cross'."
+        )
     pooling = getattr(config, "reward_pooling", "last")
     if pooling not in REWARD_POOLINGS:
         raise ValueError(f"`reward_pooling` must be one of {list(REWARD_POOLINGS)}, got {pooling!r}.")
