@@ -621,6 +621,42 @@ def test_unsupported_settings_raise(tmp_path, tiny_path, prompts_dataset, fields
         )
 
 
+def test_one_model_object_listed_for_two_critics_raises(tmp_path, tiny_path, prompts_dataset):
+    # Two critics on one backbone would train it twice over: each critic needs its own model.
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with pytest.raises(ValueError, match="same model object"):
+        ActorCriticTrainer(
+            model=tiny_path,
+            reward_funcs=parity_reward,
+            args=native_args(tmp_path),
+            train_dataset=prompts_dataset,
+            critic_model=[model, model],
+        )
+
+
+@pytest.mark.parametrize(
+    "trainer_cls, config_cls, kwargs, message",
+    [
+        (
+            IACTrainer,
+            IACConfig,
+            dict(critic_model=tiny_model_path(), critics=[tiny_model_path(), "other"]),
+            "conflict",
+        ),
+        (IACTrainer, IACConfig, dict(critics=[tiny_model_path()]), "one critic per agent"),
+        (MAACTrainer, MAACConfig, dict(critics=[tiny_model_path()] * 2), "one joint critic"),
+        (MAACTrainer, MAACConfig, {}, "MAAC requires a critic"),
+        (IACTrainer, IACConfig, dict(critic_model=None), "Either critic_model or critics"),
+    ],
+)
+def test_comlrl_critic_arguments_resolve_as_the_native_trainer_does(
+    tmp_path, trainer_cls, config_cls, kwargs, message
+):
+    args = config_cls(output_dir=str(tmp_path), num_agents=2, num_turns=1, report_to="none")
+    with pytest.raises(ValueError, match=message):
+        trainer_cls(agent_model=tiny_model_path(), reward_func=parity_reward, args=args, **kwargs)
+
+
 # ---- 6. the native trainer: every actor and critic parameter trains
 
 

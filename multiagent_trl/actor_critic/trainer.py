@@ -37,6 +37,7 @@ from ..rewards.joint import weighted_sum
 from ..team.optim import ParameterGroup, check_finite_loss
 from ..trainer import MultiAgentGRPOTrainer
 from .config import ActorCriticConfig
+from .critic_sources import critic_sources
 from .estimators import (
     advantages,
     bootstrapped_targets,
@@ -321,7 +322,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
                 self.critic_tokenizers.append(tokenizer)
             return critics
 
-        sources = _critic_sources(model, critic_model, self.num_agents, count)
+        agents = list(model) if isinstance(model, (list, tuple)) else [model] * self.num_agents
+        sources = critic_sources(count, critic_model, agents=agents, joint=args.joint_critic)
         load_kwargs = _load_kwargs(args.model_init_kwargs)
         for k, source in enumerate(sources):
             if isinstance(source, CausalLMWithValueHead):
@@ -347,8 +349,6 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             critics.append(critic)
         if args.joint_critic:
             self._check_joint_critic_length(critics[0])
-        if len({id(c) for c in critics}) != len(critics):
-            raise ValueError("`critic_model` lists the same model object for several critics: give each its own.")
         return critics
 
     def _check_critic_tokenizer(self, k: int, source, tokenizer, critic: CausalLMWithValueHead) -> None:
@@ -739,39 +739,6 @@ def _per_critic(name: str, value, count: int) -> list | None:
     if len(values) != count:
         raise ValueError(f"`{name}` has {len(values)} entries for {count} critics: give one for all, or one each.")
     return values
-
-
-def _critic_sources(model, critic_model, num_agents: int, count: int) -> list:
-    """Each critic's starting model: `critic_model` (one for all, or one per critic), else each agent's own id or
-    path (agent 0's for a joint critic)."""
-    if critic_model is None:
-        agents = list(model) if isinstance(model, (list, tuple)) else [model] * num_agents
-        sources = []
-        for agent in agents[:count]:
-            if isinstance(agent, (str, os.PathLike)):
-                sources.append(agent)
-                continue
-            config = getattr(agent, "config", None)
-            path = getattr(config, "_name_or_path", "") if config is not None else ""
-            if not path:
-                raise ValueError(
-                    "The critics start from the agents' models by default, but an agent was given as a model with no "
-                    "id or path to load a copy from: pass `critic_model=` (an id, a path or a model per critic)."
-                )
-            sources.append(path)
-        return sources
-    if isinstance(critic_model, (list, tuple)):
-        if len(critic_model) != count:
-            raise ValueError(
-                f"`critic_model` lists {len(critic_model)} models for {count} critics: give one for all, or one each."
-            )
-        return list(critic_model)
-    if isinstance(critic_model, nn.Module) and count > 1:
-        raise ValueError(
-            f"`critic_model` is one model object, but there are {count} critics: pass an id or path (loaded once per "
-            "critic) or a list of models."
-        )
-    return [critic_model] * count
 
 
 def _load_kwargs(model_init_kwargs: dict | None) -> dict:

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..actor_critic.config import ActorCriticConfig, check_hidden_dim
+from ..actor_critic.critic_sources import critic_sources
 from ..actor_critic.samples import RolloutSample
 from ..actor_critic.trainer import ActorCriticTrainer
 from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead, as_critic, critic_load_kwargs
@@ -202,7 +203,8 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
             raise ValueError("reward_func must be a callable.")
         if agent_model is None and agents is None:
             raise ValueError("Either agent_model or agents must be provided.")
-        self._check_critic_arguments(args, critic_model, critics)
+        count = len(agents) if agents is not None else args.num_agents
+        critic_sources = self._critic_sources(args, critic_model, critics, count)
         if agents is None and args.num_agents > 1 and isinstance(agent_model, (PreTrainedModel, torch.nn.Module)):
             raise ValueError(
                 f"Multi-agent {self.algorithm_name} requires `agent_model` to be a pretrained identifier string."
@@ -242,7 +244,6 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
                 critic_config["critic_value_head_hidden_dim"], "model_config['critic_value_head_hidden_dim']"
             )
             args.critic_value_head_hidden_dim = critic_config["critic_value_head_hidden_dim"]
-        critic_sources = self._critic_sources(args, critic_model, critics)
         critic_models = None
         if critic_sources is not None:
             load_kwargs = critic_load_kwargs(config, critic_config.get("critic_model_kwargs"))
@@ -289,17 +290,18 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
 
     # ------------------------------------------------------------------ CoMLRL's critics
 
-    def _check_critic_arguments(self, args, critic_model, critics) -> None:
-        if not args.use_separate_critic and (critics is not None or critic_model is not None):
-            raise ValueError("critics can only be provided when use_separate_critic=True.")
-
-    def _critic_sources(self, args, critic_model, critics) -> list | None:
-        """The critics' sources (CoMLRL's `critic_model` repeated per agent, or `critics`), or `None` (heads)."""
-        if not args.use_separate_critic:
+    def _critic_sources(self, args, critic_model, critics, count: int) -> list | None:
+        """The critics' sources (`critic_model` repeated per critic, or `critics`), or `None` (value heads)."""
+        if not args.joint_critic and not args.use_separate_critic:
+            if critics is not None or critic_model is not None:
+                raise ValueError("critics can only be provided when use_separate_critic=True.")
             return None
         if critic_model is None and critics is None:
+            if args.joint_critic:
+                raise ValueError("MAAC requires a critic: pass `critic_model=` (or `critics=[model]`).")
             raise ValueError("Either critic_model or critics must be provided when use_separate_critic=True.")
-        return _sources("critic_model", critic_model, "critics", critics, args.num_agents)
+        joint = args.joint_critic
+        return critic_sources(1 if joint else count, critic_model, critics, joint=joint)
 
     # ------------------------------------------------------------------ what CoMLRL reports per item
 
@@ -349,29 +351,8 @@ class MAACTrainer(_CoMLRLActorCritic):
     algorithm_name = "MAAC"
     joint_tokenizer_from_agent = True
 
-    def _check_critic_arguments(self, args, critic_model, critics) -> None:
-        if critic_model is None and critics is None:
-            raise ValueError("MAAC requires a critic: pass `critic_model=` (or `critics=[model]`).")
-
-    def _critic_sources(self, args, critic_model, critics) -> list:
-        return _sources("critic_model", critic_model, "critics", critics, 1)
-
 
 # ---------------------------------------------------------------------------------------------------- helpers
-
-
-def _sources(name: str, model, list_name: str, models, count: int) -> list:
-    """CoMLRL's `critic_model` (repeated) or `critics` (`count` entries); both given must name the same models."""
-    if models is None:
-        if isinstance(model, torch.nn.Module) and count > 1:
-            raise ValueError(f"`{name}` must be an id or path for {count} critics; pass models as `{list_name}=`.")
-        return [model] * count
-    models = list(models)
-    if len(models) != count:
-        raise ValueError(f"`{list_name}` must hold {count} model(s), got {len(models)}.")
-    if model is not None and any(m != model for m in models):
-        raise ValueError(f"`{name}` and `{list_name}` conflict: {model!r} != {models!r}; pass one.")
-    return models
 
 
 def _first_tokenizer(tokenizer, model):
