@@ -657,6 +657,39 @@ def test_comlrl_critic_arguments_resolve_as_the_native_trainer_does(
         trainer_cls(agent_model=tiny_model_path(), reward_func=parity_reward, args=args, **kwargs)
 
 
+def test_an_agent_given_with_a_value_head_trains_its_model_and_starts_its_critic_from_the_head(
+    tmp_path, tiny_path, prompts_dataset
+):
+    agents = [CausalLMWithValueHead(AutoModelForCausalLM.from_pretrained(tiny_path)) for _ in range(2)]
+    for k, agent in enumerate(agents):
+        for p in agent.value_head.parameters():
+            torch.nn.init.constant_(p, 0.25 * (k + 1))
+    trainer = ActorCriticTrainer(
+        model=agents,
+        reward_funcs=parity_reward,
+        args=native_args(tmp_path, critic_kind="head"),
+        train_dataset=prompts_dataset,
+        processing_class=tiny_tokenizer(),
+    )
+    for k, agent in enumerate(agents):
+        assert trainer.model.agents[k] is agent.model  # the wrapped LM is the agent trained
+        head, carried = trainer.critics[k].value_head.state_dict(), agent.value_head.state_dict()
+        assert head.keys() == carried.keys()
+        assert all(torch.equal(head[name], carried[name]) for name in head)
+    assert all(bool((p == 0.5).all()) for p in trainer.critics[1].value_head.parameters())
+
+
+def test_iac_agents_with_value_heads_start_the_critics_from_them(tmp_path, tiny_path):
+    agents = [CausalLMWithValueHead(AutoModelForCausalLM.from_pretrained(tiny_path), 8) for _ in range(2)]
+    args = IACConfig(
+        output_dir=str(tmp_path), num_turns=1, use_separate_critic=False, value_head_hidden_dim=8, report_to="none"
+    )
+    trainer = IACTrainer(agents=agents, tokenizer=tiny_tokenizer(), reward_func=parity_reward, args=args)
+    for agent, critic in zip(agents, trainer.critics):
+        assert critic.model is agent.model
+        assert all(torch.equal(a, b) for a, b in zip(critic.value_head.parameters(), agent.value_head.parameters()))
+
+
 # ---- 6. the native trainer: every actor and critic parameter trains
 
 

@@ -47,7 +47,13 @@ from .estimators import (
     values_at,
 )
 from .samples import RolloutSample, episode_samples
-from .value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHead, model_config_of
+from .value_model import (
+    VALUE_HEAD_FILE,
+    AdapterValueModel,
+    CausalLMWithValueHead,
+    model_config_of,
+    split_value_model,
+)
 from .value_norm import ValueNormalizer
 
 # Keys `_score_agents` adds to each agent's part of the batch; `_compute_loss` takes them out before TRL's loss.
@@ -220,6 +226,9 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
         if args.ddp_find_unused_parameters is None:
             # Each actor's and each critic's forward and backward leave the others' parameters unused.
             args.ddp_find_unused_parameters = True
+        # An agent may come with a value head (CoMLRL's agents do): the team trains its LM, and with
+        # `critic_kind="head"` the agent's critic starts from the head it carries.
+        model, heads = split_agents(model)
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -239,6 +248,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             )
         self.critic_tokenizers: list[PreTrainedTokenizerBase | None] = []
         critics = self._build_critics(model, critic_model, critic_processing_class, critic_peft_config or peft_config)
+        if args.critic_kind == "head":
+            start_heads(critics, heads * self.num_agents if len(heads) == 1 else heads)
         if args.disable_dropout:
             for critic in critics:
                 disable_dropout_in_model(critic)
@@ -730,6 +741,30 @@ def check_critic_vocabulary(k: int, source, tokenizer, embeddings: int, agent_to
             f"Critic {k} ({name}) embeds {embeddings} tokens, fewer than agent {k}'s tokenizer has "
             f"({len(agent_tokenizer)}): it cannot read the agent's token ids. Use a critic of the agent's family."
         )
+
+
+def split_agents(model: Any) -> tuple[Any, list[nn.Module | None]]:
+    """`model` (one agent or a list) with each agent given as a `CausalLMWithValueHead` replaced by its LM, and the
+    heads they carried (`None` for an agent without), in agent order."""
+    if isinstance(model, (list, tuple)):
+        pairs = [split_value_model(agent) for agent in model]
+        return [agent for agent, _ in pairs], [head for _, head in pairs]
+    agent, head = split_value_model(model)
+    return agent, [head]
+
+
+def start_heads(critics: Sequence[nn.Module], heads: Sequence[nn.Module | None]) -> None:
+    """Start each value-head critic from the head its agent carried, where it carried one."""
+    for k, (critic, head) in enumerate(zip(critics, heads)):
+        if head is None:
+            continue
+        try:
+            critic.value_head.load_state_dict(head.state_dict())
+        except RuntimeError as error:
+            raise ValueError(
+                f"Agent {k} carries a value head of another shape than its critic's ({error}): set "
+                "`critic_value_head_hidden_dim` to the carried head's hidden width (None for a linear head)."
+            ) from error
 
 
 def _per_critic(name: str, value, count: int) -> list | None:

@@ -15,7 +15,13 @@ from ..actor_critic.config import ActorCriticConfig, check_hidden_dim
 from ..actor_critic.critic_sources import critic_sources
 from ..actor_critic.samples import RolloutSample
 from ..actor_critic.trainer import ActorCriticTrainer
-from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead, as_critic, critic_load_kwargs
+from ..actor_critic.value_model import (
+    VALUE_HEAD_FILE,
+    CausalLMWithValueHead,
+    as_critic,
+    critic_load_kwargs,
+    split_value_model,
+)
 from ..rewards.items import item_reward
 from ..rewards.joint import bind_reward
 from ..rollout.turns import FormattedTransition, first_turn_formatters, listed_formatters
@@ -214,20 +220,12 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
         if args.num_turns > 1 and external_transition is None:
             raise ValueError(f"Multi-turn {self.algorithm_name} requires an external_transition.")
 
-        # The agents: CoMLRL's value-model wrappers unwrapped (a head they carry is loaded after construction).
-        sources = list(agents) if agents is not None else None
-        heads = {}
-        if sources is not None:
-            for i, source in enumerate(sources):
-                if isinstance(source, CausalLMWithValueHead) or type(source).__name__ == "CausalLMWithValueHead":
-                    if getattr(source, "value_head", None) is not None:
-                        heads[i] = source.value_head.state_dict()
-                    sources[i] = source.model
+        # The agents (a `CausalLMWithValueHead` among them: the native trainer trains its LM and starts from its head).
         if isinstance(agent_model, torch.nn.Module):  # one agent given as a model (CoMLRL allows it for one)
-            model = agent_model.model if hasattr(agent_model, "value_head") else agent_model
+            model = agent_model
             args.num_agents = 1
         else:
-            model = agent_sources(agent_model, sources, args.num_agents)
+            model = agent_sources(agent_model, agents, args.num_agents)
         if isinstance(model, list):
             args.num_agents = len(model)
 
@@ -278,9 +276,6 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
             if given_formatters is not None and not args.external_prompt_passthrough:
                 listed = listed_formatters(given_formatters, args.num_agents)
             self._transition = FormattedTransition(external_transition, None, True, listed)
-        for i, state in heads.items():
-            if args.critic_kind == "head":
-                self.model.critics[i].value_head.load_state_dict(state)
         if args.parallel_training == "mp":
             for critic, device in zip(self.model.critics, args.critic_devices):
                 critic.to(device)
@@ -359,7 +354,7 @@ def _first_tokenizer(tokenizer, model):
     """Agent 0's tokenizer: the one given, or loaded from agent 0's id or path."""
     if tokenizer is not None:
         return tokenizer[0] if isinstance(tokenizer, (list, tuple)) else tokenizer
-    source = model[0] if isinstance(model, list) else model
+    source = split_value_model(model[0] if isinstance(model, list) else model)[0]
     if isinstance(source, torch.nn.Module):
         source = source.config.name_or_path
     return AutoTokenizer.from_pretrained(str(source))
