@@ -690,6 +690,25 @@ def test_iac_agents_with_value_heads_start_the_critics_from_them(tmp_path, tiny_
         assert all(torch.equal(a, b) for a, b in zip(critic.value_head.parameters(), agent.value_head.parameters()))
 
 
+def test_set_transition_makes_the_later_turn_prompts(tmp_path, tiny_path, prompts_dataset):
+    seen = []
+    trainer = ActorCriticTrainer(
+        model=tiny_path,
+        reward_funcs=parity_reward,
+        args=native_args(tmp_path, num_turns=2, num_generations=1, per_device_eval_batch_size=2),
+        train_dataset=prompts_dataset,
+        eval_dataset=prompts_dataset.select(range(2)),
+        external_transition=native_transition,
+        rollout_metrics=lambda samples: seen.extend(samples) or {},
+    )
+    trainer.set_transition(lambda node, sample: [f"{node.row['prompt']} again, agent {i}" for i in range(2)])
+    trainer.evaluate()
+    later = [s for s in seen if s.metadata["turn_idx"] == 1]
+    assert later and all(s.prompt == f"{s.metadata['batch_item']['prompt']} again, agent {s.agent_idx}" for s in later)
+    with pytest.raises(TypeError, match="transition"):
+        trainer.set_transition("not a function")
+
+
 # ---- 6. the native trainer: every actor and critic parameter trains
 
 

@@ -275,7 +275,7 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
             listed = None
             if given_formatters is not None and not args.external_prompt_passthrough:
                 listed = listed_formatters(given_formatters, args.num_agents)
-            self._transition = FormattedTransition(external_transition, None, True, listed)
+            self.set_transition(FormattedTransition(external_transition, None, True, listed))
         if args.parallel_training == "mp":
             for critic, device in zip(self.model.critics, args.critic_devices):
                 critic.to(device)
