@@ -709,6 +709,33 @@ def test_set_transition_makes_the_later_turn_prompts(tmp_path, tiny_path, prompt
         trainer.set_transition("not a function")
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(critic_devices=["cpu", "cpu"]), "set `agent_devices`"),
+        (dict(agent_devices=["cpu", "cpu"], critic_devices=["cpu", "cpu"], critic_kind="head"), "critic_kind='model'"),
+        (dict(agent_devices=["cpu", "cpu"], critic_devices=["cpu"]), "1 devices for 2"),
+        (dict(agent_devices=["cpu", "cpu"], critic_devices=["cpu", "cpu"], joint_critic=True), "2 devices for 1"),
+    ],
+)
+def test_bad_critic_devices_raise(tmp_path, fields, message):
+    with pytest.raises(ValueError, match=message):
+        native_args(tmp_path, **fields)
+
+
+def test_critics_are_placed_on_critic_devices(tmp_path, tiny_path, prompts_dataset):
+    # Where a GPU is, critic 0 goes there while its agent stays on the CPU: the trainer placed it, not the agent's.
+    devices = ["cuda:0" if torch.cuda.is_available() else "cpu", "cpu"]
+    trainer = ActorCriticTrainer(
+        model=tiny_path,
+        reward_funcs=parity_reward,
+        args=native_args(tmp_path, agent_devices=["cpu", "cpu"], critic_devices=devices),
+        train_dataset=prompts_dataset,
+    )
+    assert [next(c.parameters()).device for c in trainer.critics] == [torch.device(d) for d in devices]
+    assert all(next(agent.parameters()).device.type == "cpu" for agent in trainer.model.agents)
+
+
 # ---- 6. the native trainer: every actor and critic parameter trains
 
 

@@ -140,6 +140,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
     Args:
         model, reward_funcs, args, train_dataset, eval_dataset, processing_class, callbacks, optimizers, peft_config:
             As in `MultiAgentGRPOTrainer`.
+            An agent may also be a `CausalLMWithValueHead`: its LM is trained, and with `critic_kind="head"` its
+            critic starts from the head it carries.
         critic_model (`str`, `PreTrainedModel`, `CausalLMWithValueHead`, or a list of them, *optional*):
             With `critic_kind="model"`: the critics' starting models, one for all (an id or path, loaded once per
             critic) or one per critic (per agent, or one for a joint critic). A model without a value head gets a
@@ -348,7 +350,10 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
                 critic = CausalLMWithValueHead.from_pretrained(
                     str(source), value_head_hidden_dim=hidden, attach_value_head=True, **load_kwargs
                 )
-            critic.to(_device_of(team.peft_model if shared_base else team.agents[0 if args.joint_critic else k]))
+            if args.critic_devices is not None:
+                critic.to(args.critic_devices[k])
+            else:
+                critic.to(_device_of(team.peft_model if shared_base else team.agents[0 if args.joint_critic else k]))
             tokenizer = tokenizers[k] if tokenizers else _tokenizer_of(source)
             if args.joint_critic:
                 tokenizer = tokenizer or self._agent_views[0]["processing_class"]

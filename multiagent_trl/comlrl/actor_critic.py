@@ -109,8 +109,8 @@ class _ActorCriticFields(CoMLRLOptimization, CoMLRLShared, ActorCriticConfig):
         self.generation_batch_size = None  # TRL derives it from the two above
         critic_spec = self.critic_devices
         given = map_shared(self, {"agent_devices": self.num_agents, "reference_devices": 0})
-        if self.parallel_training == "mp":
-            count = self.num_agents if self._separate_critics() else 1
+        if self.parallel_training == "mp" and self.critic_kind == "model":  # heads live on their agents
+            count = 1 if self.joint_critic else self.num_agents
             self.critic_devices = device_list(critic_spec or self.agent_devices, count, "critic_devices")
         else:
             self.critic_devices = None
@@ -276,9 +276,6 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
             if given_formatters is not None and not args.external_prompt_passthrough:
                 listed = listed_formatters(given_formatters, args.num_agents)
             self.set_transition(FormattedTransition(external_transition, None, True, listed))
-        if args.parallel_training == "mp":
-            for critic, device in zip(self.model.critics, args.critic_devices):
-                critic.to(device)
         self.comlrl_finish()
 
     joint_tokenizer_from_agent = False  # MAAC: the joint critic reads text tokenized with agent 0's tokenizer
