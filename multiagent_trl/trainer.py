@@ -45,7 +45,7 @@ from .rollout.evaluation import EvalRecorder, EvalTrajectories, greedy_decoding
 from .rollout.generation import configure_decoding
 from .rollout.logprob_kernel import use_faster_cpu_kernel
 from .rollout.replay import Replay, Rollout, loss_parts
-from .rollout.tree import Level, continued_rows, link, next_level, padded, paths, root_level
+from .rollout.tree import Level, Node, continued_rows, link, next_level, padded, paths, root_level
 from .rollout.turns import Transition, add_completion_rows, completion_rows, formatted_rows, turn_prefix
 from .team import sharding
 from .team.arguments import check_callables, check_prompt_column
@@ -279,6 +279,15 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def model_tags(self) -> list[str]:
         """The tags added to every agent's model card (TRL's `_tag_names` of this trainer class)."""
         return list(self._tag_names)
+
+    def set_transition(self, transition: Callable[[Node, list], list]) -> None:
+        """Make later-turn prompts with `transition(node, sample) -> prompts` (one per agent) instead of the one built
+        from `external_transition` and `formatters` (`rollout.turns.Transition`); for instance
+        `rollout.turns.FormattedTransition`, which passes each returned prompt through the agent's formatter as the
+        row's `prompt` (CoMLRL's actor-critic convention)."""
+        if not callable(transition):
+            raise TypeError(f"`transition` must be a callable `(node, sample) -> prompts`; got {type(transition)}.")
+        self._transition = transition
 
     def sample(self, rows: list[dict], num_generations: int) -> Level:
         """One turn of joint candidates, outside a training step: each agent formats `rows` into its own prompts

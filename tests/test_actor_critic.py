@@ -621,6 +621,121 @@ def test_unsupported_settings_raise(tmp_path, tiny_path, prompts_dataset, fields
         )
 
 
+def test_one_model_object_listed_for_two_critics_raises(tmp_path, tiny_path, prompts_dataset):
+    # Two critics on one backbone would train it twice over: each critic needs its own model.
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with pytest.raises(ValueError, match="same model object"):
+        ActorCriticTrainer(
+            model=tiny_path,
+            reward_funcs=parity_reward,
+            args=native_args(tmp_path),
+            train_dataset=prompts_dataset,
+            critic_model=[model, model],
+        )
+
+
+@pytest.mark.parametrize(
+    "trainer_cls, config_cls, kwargs, message",
+    [
+        (
+            IACTrainer,
+            IACConfig,
+            dict(critic_model=tiny_model_path(), critics=[tiny_model_path(), "other"]),
+            "conflict",
+        ),
+        (IACTrainer, IACConfig, dict(critics=[tiny_model_path()]), "one critic per agent"),
+        (MAACTrainer, MAACConfig, dict(critics=[tiny_model_path()] * 2), "one joint critic"),
+        (MAACTrainer, MAACConfig, {}, "MAAC requires a critic"),
+        (IACTrainer, IACConfig, dict(critic_model=None), "Either critic_model or critics"),
+    ],
+)
+def test_comlrl_critic_arguments_resolve_as_the_native_trainer_does(
+    tmp_path, trainer_cls, config_cls, kwargs, message
+):
+    args = config_cls(output_dir=str(tmp_path), num_agents=2, num_turns=1, report_to="none")
+    with pytest.raises(ValueError, match=message):
+        trainer_cls(agent_model=tiny_model_path(), reward_func=parity_reward, args=args, **kwargs)
+
+
+def test_an_agent_given_with_a_value_head_trains_its_model_and_starts_its_critic_from_the_head(
+    tmp_path, tiny_path, prompts_dataset
+):
+    agents = [CausalLMWithValueHead(AutoModelForCausalLM.from_pretrained(tiny_path)) for _ in range(2)]
+    for k, agent in enumerate(agents):
+        for p in agent.value_head.parameters():
+            torch.nn.init.constant_(p, 0.25 * (k + 1))
+    trainer = ActorCriticTrainer(
+        model=agents,
+        reward_funcs=parity_reward,
+        args=native_args(tmp_path, critic_kind="head"),
+        train_dataset=prompts_dataset,
+        processing_class=tiny_tokenizer(),
+    )
+    for k, agent in enumerate(agents):
+        assert trainer.model.agents[k] is agent.model  # the wrapped LM is the agent trained
+        head, carried = trainer.critics[k].value_head.state_dict(), agent.value_head.state_dict()
+        assert head.keys() == carried.keys()
+        assert all(torch.equal(head[name], carried[name]) for name in head)
+    assert all(bool((p == 0.5).all()) for p in trainer.critics[1].value_head.parameters())
+
+
+def test_iac_agents_with_value_heads_start_the_critics_from_them(tmp_path, tiny_path):
+    agents = [CausalLMWithValueHead(AutoModelForCausalLM.from_pretrained(tiny_path), 8) for _ in range(2)]
+    args = IACConfig(
+        output_dir=str(tmp_path), num_turns=1, use_separate_critic=False, value_head_hidden_dim=8, report_to="none"
+    )
+    trainer = IACTrainer(agents=agents, tokenizer=tiny_tokenizer(), reward_func=parity_reward, args=args)
+    for agent, critic in zip(agents, trainer.critics):
+        assert critic.model is agent.model
+        assert all(torch.equal(a, b) for a, b in zip(critic.value_head.parameters(), agent.value_head.parameters()))
+
+
+def test_set_transition_makes_the_later_turn_prompts(tmp_path, tiny_path, prompts_dataset):
+    seen = []
+    trainer = ActorCriticTrainer(
+        model=tiny_path,
+        reward_funcs=parity_reward,
+        args=native_args(tmp_path, num_turns=2, num_generations=1, per_device_eval_batch_size=2),
+        train_dataset=prompts_dataset,
+        eval_dataset=prompts_dataset.select(range(2)),
+        external_transition=native_transition,
+        rollout_metrics=lambda samples: seen.extend(samples) or {},
+    )
+    trainer.set_transition(lambda node, sample: [f"{node.row['prompt']} again, agent {i}" for i in range(2)])
+    trainer.evaluate()
+    later = [s for s in seen if s.metadata["turn_idx"] == 1]
+    assert later and all(s.prompt == f"{s.metadata['batch_item']['prompt']} again, agent {s.agent_idx}" for s in later)
+    with pytest.raises(TypeError, match="transition"):
+        trainer.set_transition("not a function")
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(critic_devices=["cpu", "cpu"]), "set `agent_devices`"),
+        (dict(agent_devices=["cpu", "cpu"], critic_devices=["cpu", "cpu"], critic_kind="head"), "critic_kind='model'"),
+        (dict(agent_devices=["cpu", "cpu"], critic_devices=["cpu"]), "1 devices for 2"),
+        (dict(agent_devices=["cpu", "cpu"], critic_devices=["cpu", "cpu"], joint_critic=True), "2 devices for 1"),
+    ],
+)
+def test_bad_critic_devices_raise(tmp_path, fields, message):
+    with pytest.raises(ValueError, match=message):
+        native_args(tmp_path, **fields)
+
+
+def test_critics_are_placed_on_critic_devices(tmp_path, tiny_path, prompts_dataset):
+    # Where a GPU is, critic 0 goes there while its agent stays on the CPU: the trainer placed it, not the agent's.
+    devices = ["cuda:0" if torch.cuda.is_available() else "cpu", "cpu"]
+    trainer = ActorCriticTrainer(
+        model=tiny_path,
+        reward_funcs=parity_reward,
+        args=native_args(tmp_path, agent_devices=["cpu", "cpu"], critic_devices=devices),
+        train_dataset=prompts_dataset,
+    )
+    assert [next(c.parameters()).device for c in trainer.critics] == [torch.device(d) for d in devices]
+    assert all(next(agent.parameters()).device.type == "cpu" for agent in trainer.model.agents)
+
+
 # ---- 6. the native trainer: every actor and critic parameter trains
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import MultiAgentGRPOConfig
+from ..team.placement import check_devices
 
 CRITIC_TYPES = ("v", "q")
 CRITIC_KINDS = ("model", "head", "adapter")
@@ -63,6 +64,10 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
             their mean and square, `actor_critic.value_norm.ValueNormalizer`), and its outputs are read back in the
             reward's scale for the advantages and TD targets: the critic keeps up whatever the reward's scale. The
             statistics are saved with each checkpoint (`value_norm.pt`).
+        critic_devices (`list[str]` or `None`, *optional*, defaults to `None`):
+            With `agent_devices` (one process, each agent on its own device) and `critic_kind="model"`: one device per
+            critic (per agent, or one for a joint critic), where the trainer puts it. `None`: each critic on its
+            agent's device (a joint critic on agent 0's).
 
     Multi-turn episodes (`num_turns > 1`, with the trainer's `external_transition`): each turn's target is the TD(0)
     target `r_t + discount * V_old(t + 1)` (the last turn played: its return), advantages are standardized per turn,
@@ -114,6 +119,10 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
     value_normalization: bool = field(
         default=False,
         metadata={"help": "Critics learn value targets standardized by running statistics (MAPPO's ValueNorm)."},
+    )
+    critic_devices: list[str] | None = field(
+        default=None,
+        metadata={"help": "With agent_devices and critic_kind='model': one device per critic; None: its agent's."},
     )
 
     def __post_init__(self):
@@ -172,6 +181,15 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
                     self.generation_batch_size = (
                         self.per_device_train_batch_size * self.world_size * self.steps_per_generation
                     )
+        if self.critic_devices is not None:
+            if self.agent_devices is None or self.critic_kind != "model":
+                raise ValueError(
+                    "`critic_devices` places separate critic models beside agents placed by `agent_devices`: set "
+                    "`agent_devices` and `critic_kind='model'`, or leave `critic_devices` unset (value heads and "
+                    "adapters live on their agents)."
+                )
+            count = 1 if self.joint_critic else self.num_agents
+            check_devices(self.critic_devices, "critic_devices", count, self.world_size)
 
     @property
     def critic_lr(self) -> float:

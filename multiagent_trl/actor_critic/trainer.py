@@ -37,6 +37,7 @@ from ..rewards.joint import weighted_sum
 from ..team.optim import ParameterGroup, check_finite_loss
 from ..trainer import MultiAgentGRPOTrainer
 from .config import ActorCriticConfig
+from .critic_sources import critic_sources
 from .estimators import (
     advantages,
     bootstrapped_targets,
@@ -46,7 +47,13 @@ from .estimators import (
     values_at,
 )
 from .samples import RolloutSample, episode_samples
-from .value_model import VALUE_HEAD_FILE, AdapterValueModel, CausalLMWithValueHead, model_config_of
+from .value_model import (
+    VALUE_HEAD_FILE,
+    AdapterValueModel,
+    CausalLMWithValueHead,
+    model_config_of,
+    split_value_model,
+)
 from .value_norm import ValueNormalizer
 
 # Keys `_score_agents` adds to each agent's part of the batch; `_compute_loss` takes them out before TRL's loss.
@@ -133,6 +140,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
     Args:
         model, reward_funcs, args, train_dataset, eval_dataset, processing_class, callbacks, optimizers, peft_config:
             As in `MultiAgentGRPOTrainer`.
+            An agent may also be a `CausalLMWithValueHead`: its LM is trained, and with `critic_kind="head"` its
+            critic starts from the head it carries.
         critic_model (`str`, `PreTrainedModel`, `CausalLMWithValueHead`, or a list of them, *optional*):
             With `critic_kind="model"`: the critics' starting models, one for all (an id or path, loaded once per
             critic) or one per critic (per agent, or one for a joint critic). A model without a value head gets a
@@ -219,6 +228,9 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
         if args.ddp_find_unused_parameters is None:
             # Each actor's and each critic's forward and backward leave the others' parameters unused.
             args.ddp_find_unused_parameters = True
+        # An agent may come with a value head (CoMLRL's agents do): the team trains its LM, and with
+        # `critic_kind="head"` the agent's critic starts from the head it carries.
+        model, heads = split_agents(model)
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -238,6 +250,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             )
         self.critic_tokenizers: list[PreTrainedTokenizerBase | None] = []
         critics = self._build_critics(model, critic_model, critic_processing_class, critic_peft_config or peft_config)
+        if args.critic_kind == "head":
+            start_heads(critics, heads * self.num_agents if len(heads) == 1 else heads)
         if args.disable_dropout:
             for critic in critics:
                 disable_dropout_in_model(critic)
@@ -321,7 +335,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
                 self.critic_tokenizers.append(tokenizer)
             return critics
 
-        sources = _critic_sources(model, critic_model, self.num_agents, count)
+        agents = list(model) if isinstance(model, (list, tuple)) else [model] * self.num_agents
+        sources = critic_sources(count, critic_model, agents=agents, joint=args.joint_critic)
         load_kwargs = _load_kwargs(args.model_init_kwargs)
         for k, source in enumerate(sources):
             if isinstance(source, CausalLMWithValueHead):
@@ -335,7 +350,10 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
                 critic = CausalLMWithValueHead.from_pretrained(
                     str(source), value_head_hidden_dim=hidden, attach_value_head=True, **load_kwargs
                 )
-            critic.to(_device_of(team.peft_model if shared_base else team.agents[0 if args.joint_critic else k]))
+            if args.critic_devices is not None:
+                critic.to(args.critic_devices[k])
+            else:
+                critic.to(_device_of(team.peft_model if shared_base else team.agents[0 if args.joint_critic else k]))
             tokenizer = tokenizers[k] if tokenizers else _tokenizer_of(source)
             if args.joint_critic:
                 tokenizer = tokenizer or self._agent_views[0]["processing_class"]
@@ -347,8 +365,6 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
             critics.append(critic)
         if args.joint_critic:
             self._check_joint_critic_length(critics[0])
-        if len({id(c) for c in critics}) != len(critics):
-            raise ValueError("`critic_model` lists the same model object for several critics: give each its own.")
         return critics
 
     def _check_critic_tokenizer(self, k: int, source, tokenizer, critic: CausalLMWithValueHead) -> None:
@@ -732,6 +748,30 @@ def check_critic_vocabulary(k: int, source, tokenizer, embeddings: int, agent_to
         )
 
 
+def split_agents(model: Any) -> tuple[Any, list[nn.Module | None]]:
+    """`model` (one agent or a list) with each agent given as a `CausalLMWithValueHead` replaced by its LM, and the
+    heads they carried (`None` for an agent without), in agent order."""
+    if isinstance(model, (list, tuple)):
+        pairs = [split_value_model(agent) for agent in model]
+        return [agent for agent, _ in pairs], [head for _, head in pairs]
+    agent, head = split_value_model(model)
+    return agent, [head]
+
+
+def start_heads(critics: Sequence[nn.Module], heads: Sequence[nn.Module | None]) -> None:
+    """Start each value-head critic from the head its agent carried, where it carried one."""
+    for k, (critic, head) in enumerate(zip(critics, heads)):
+        if head is None:
+            continue
+        try:
+            critic.value_head.load_state_dict(head.state_dict())
+        except RuntimeError as error:
+            raise ValueError(
+                f"Agent {k} carries a value head of another shape than its critic's ({error}): set "
+                "`critic_value_head_hidden_dim` to the carried head's hidden width (None for a linear head)."
+            ) from error
+
+
 def _per_critic(name: str, value, count: int) -> list | None:
     if value is None:
         return None
@@ -739,39 +779,6 @@ def _per_critic(name: str, value, count: int) -> list | None:
     if len(values) != count:
         raise ValueError(f"`{name}` has {len(values)} entries for {count} critics: give one for all, or one each.")
     return values
-
-
-def _critic_sources(model, critic_model, num_agents: int, count: int) -> list:
-    """Each critic's starting model: `critic_model` (one for all, or one per critic), else each agent's own id or
-    path (agent 0's for a joint critic)."""
-    if critic_model is None:
-        agents = list(model) if isinstance(model, (list, tuple)) else [model] * num_agents
-        sources = []
-        for agent in agents[:count]:
-            if isinstance(agent, (str, os.PathLike)):
-                sources.append(agent)
-                continue
-            config = getattr(agent, "config", None)
-            path = getattr(config, "_name_or_path", "") if config is not None else ""
-            if not path:
-                raise ValueError(
-                    "The critics start from the agents' models by default, but an agent was given as a model with no "
-                    "id or path to load a copy from: pass `critic_model=` (an id, a path or a model per critic)."
-                )
-            sources.append(path)
-        return sources
-    if isinstance(critic_model, (list, tuple)):
-        if len(critic_model) != count:
-            raise ValueError(
-                f"`critic_model` lists {len(critic_model)} models for {count} critics: give one for all, or one each."
-            )
-        return list(critic_model)
-    if isinstance(critic_model, nn.Module) and count > 1:
-        raise ValueError(
-            f"`critic_model` is one model object, but there are {count} critics: pass an id or path (loaded once per "
-            "critic) or a list of models."
-        )
-    return [critic_model] * count
 
 
 def _load_kwargs(model_init_kwargs: dict | None) -> dict:

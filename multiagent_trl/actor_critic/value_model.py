@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from peft import PeftModel, set_peft_model_state_dict
@@ -458,3 +459,14 @@ def head_hidden_dim(head) -> int | None:
     """The hidden width of a value head (`None`: a linear head)."""
     pre = getattr(head, "pre_projection", None)
     return None if pre is None else pre[0].out_features
+
+
+def split_value_model(agent: Any) -> tuple[Any, nn.Module | None]:
+    """An agent given with a value head (this library's `CausalLMWithValueHead` or CoMLRL's, told by its class name
+    and layout): `(its LM, its head or None)`; any other agent: `(agent, None)`."""
+    wrapped = isinstance(agent, CausalLMWithValueHead) or (
+        type(agent).__name__ == "CausalLMWithValueHead" and hasattr(agent, "model")
+    )
+    if not wrapped:
+        return agent, None
+    return agent.model, getattr(agent, "value_head", None)

@@ -12,9 +12,16 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..actor_critic.config import ActorCriticConfig, check_hidden_dim
+from ..actor_critic.critic_sources import critic_sources
 from ..actor_critic.samples import RolloutSample
 from ..actor_critic.trainer import ActorCriticTrainer
-from ..actor_critic.value_model import VALUE_HEAD_FILE, CausalLMWithValueHead, as_critic, critic_load_kwargs
+from ..actor_critic.value_model import (
+    VALUE_HEAD_FILE,
+    CausalLMWithValueHead,
+    as_critic,
+    critic_load_kwargs,
+    split_value_model,
+)
 from ..rewards.items import item_reward
 from ..rewards.joint import bind_reward
 from ..rollout.turns import FormattedTransition, first_turn_formatters, listed_formatters
@@ -102,8 +109,8 @@ class _ActorCriticFields(CoMLRLOptimization, CoMLRLShared, ActorCriticConfig):
         self.generation_batch_size = None  # TRL derives it from the two above
         critic_spec = self.critic_devices
         given = map_shared(self, {"agent_devices": self.num_agents, "reference_devices": 0})
-        if self.parallel_training == "mp":
-            count = self.num_agents if self._separate_critics() else 1
+        if self.parallel_training == "mp" and self.critic_kind == "model":  # heads live on their agents
+            count = 1 if self.joint_critic else self.num_agents
             self.critic_devices = device_list(critic_spec or self.agent_devices, count, "critic_devices")
         else:
             self.critic_devices = None
@@ -202,7 +209,8 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
             raise ValueError("reward_func must be a callable.")
         if agent_model is None and agents is None:
             raise ValueError("Either agent_model or agents must be provided.")
-        self._check_critic_arguments(args, critic_model, critics)
+        count = len(agents) if agents is not None else args.num_agents
+        critic_sources = self._critic_sources(args, critic_model, critics, count)
         if agents is None and args.num_agents > 1 and isinstance(agent_model, (PreTrainedModel, torch.nn.Module)):
             raise ValueError(
                 f"Multi-agent {self.algorithm_name} requires `agent_model` to be a pretrained identifier string."
@@ -212,20 +220,12 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
         if args.num_turns > 1 and external_transition is None:
             raise ValueError(f"Multi-turn {self.algorithm_name} requires an external_transition.")
 
-        # The agents: CoMLRL's value-model wrappers unwrapped (a head they carry is loaded after construction).
-        sources = list(agents) if agents is not None else None
-        heads = {}
-        if sources is not None:
-            for i, source in enumerate(sources):
-                if isinstance(source, CausalLMWithValueHead) or type(source).__name__ == "CausalLMWithValueHead":
-                    if getattr(source, "value_head", None) is not None:
-                        heads[i] = source.value_head.state_dict()
-                    sources[i] = source.model
+        # The agents (a `CausalLMWithValueHead` among them: the native trainer trains its LM and starts from its head).
         if isinstance(agent_model, torch.nn.Module):  # one agent given as a model (CoMLRL allows it for one)
-            model = agent_model.model if hasattr(agent_model, "value_head") else agent_model
+            model = agent_model
             args.num_agents = 1
         else:
-            model = agent_sources(agent_model, sources, args.num_agents)
+            model = agent_sources(agent_model, agents, args.num_agents)
         if isinstance(model, list):
             args.num_agents = len(model)
 
@@ -242,7 +242,6 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
                 critic_config["critic_value_head_hidden_dim"], "model_config['critic_value_head_hidden_dim']"
             )
             args.critic_value_head_hidden_dim = critic_config["critic_value_head_hidden_dim"]
-        critic_sources = self._critic_sources(args, critic_model, critics)
         critic_models = None
         if critic_sources is not None:
             load_kwargs = critic_load_kwargs(config, critic_config.get("critic_model_kwargs"))
@@ -276,30 +275,25 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
             listed = None
             if given_formatters is not None and not args.external_prompt_passthrough:
                 listed = listed_formatters(given_formatters, args.num_agents)
-            self._transition = FormattedTransition(external_transition, None, True, listed)
-        for i, state in heads.items():
-            if args.critic_kind == "head":
-                self.model.critics[i].value_head.load_state_dict(state)
-        if args.parallel_training == "mp":
-            for critic, device in zip(self.model.critics, args.critic_devices):
-                critic.to(device)
+            self.set_transition(FormattedTransition(external_transition, None, True, listed))
         self.comlrl_finish()
 
     joint_tokenizer_from_agent = False  # MAAC: the joint critic reads text tokenized with agent 0's tokenizer
 
     # ------------------------------------------------------------------ CoMLRL's critics
 
-    def _check_critic_arguments(self, args, critic_model, critics) -> None:
-        if not args.use_separate_critic and (critics is not None or critic_model is not None):
-            raise ValueError("critics can only be provided when use_separate_critic=True.")
-
-    def _critic_sources(self, args, critic_model, critics) -> list | None:
-        """The critics' sources (CoMLRL's `critic_model` repeated per agent, or `critics`), or `None` (heads)."""
-        if not args.use_separate_critic:
+    def _critic_sources(self, args, critic_model, critics, count: int) -> list | None:
+        """The critics' sources (`critic_model` repeated per critic, or `critics`), or `None` (value heads)."""
+        if not args.joint_critic and not args.use_separate_critic:
+            if critics is not None or critic_model is not None:
+                raise ValueError("critics can only be provided when use_separate_critic=True.")
             return None
         if critic_model is None and critics is None:
+            if args.joint_critic:
+                raise ValueError("MAAC requires a critic: pass `critic_model=` (or `critics=[model]`).")
             raise ValueError("Either critic_model or critics must be provided when use_separate_critic=True.")
-        return _sources("critic_model", critic_model, "critics", critics, args.num_agents)
+        joint = args.joint_critic
+        return critic_sources(1 if joint else count, critic_model, critics, joint=joint)
 
     # ------------------------------------------------------------------ what CoMLRL reports per item
 
@@ -349,36 +343,15 @@ class MAACTrainer(_CoMLRLActorCritic):
     algorithm_name = "MAAC"
     joint_tokenizer_from_agent = True
 
-    def _check_critic_arguments(self, args, critic_model, critics) -> None:
-        if critic_model is None and critics is None:
-            raise ValueError("MAAC requires a critic: pass `critic_model=` (or `critics=[model]`).")
-
-    def _critic_sources(self, args, critic_model, critics) -> list:
-        return _sources("critic_model", critic_model, "critics", critics, 1)
-
 
 # ---------------------------------------------------------------------------------------------------- helpers
-
-
-def _sources(name: str, model, list_name: str, models, count: int) -> list:
-    """CoMLRL's `critic_model` (repeated) or `critics` (`count` entries); both given must name the same models."""
-    if models is None:
-        if isinstance(model, torch.nn.Module) and count > 1:
-            raise ValueError(f"`{name}` must be an id or path for {count} critics; pass models as `{list_name}=`.")
-        return [model] * count
-    models = list(models)
-    if len(models) != count:
-        raise ValueError(f"`{list_name}` must hold {count} model(s), got {len(models)}.")
-    if model is not None and any(m != model for m in models):
-        raise ValueError(f"`{name}` and `{list_name}` conflict: {model!r} != {models!r}; pass one.")
-    return models
 
 
 def _first_tokenizer(tokenizer, model):
     """Agent 0's tokenizer: the one given, or loaded from agent 0's id or path."""
     if tokenizer is not None:
         return tokenizer[0] if isinstance(tokenizer, (list, tuple)) else tokenizer
-    source = model[0] if isinstance(model, list) else model
+    source = split_value_model(model[0] if isinstance(model, list) else model)[0]
     if isinstance(source, torch.nn.Module):
         source = source.config.name_or_path
     return AutoTokenizer.from_pretrained(str(source))

@@ -412,20 +412,9 @@ def _model_name(agent) -> str | None:
 def _critic_sources(args: MARLHFConfig, critic_model, critics, num_agents: int, agents_model) -> tuple[Any, Any]:
     """`(critic_model, critics)` for the online trainer, with CoMLRL's checks, as CoMLRL resolves them: `critics`,
     else `critic_model`, else `critic_model_name`, else the agents' model; `(None, None)` for value heads."""
-    if args.rl_algorithm == "iac" and not args.use_separate_critic:
-        if critic_model is not None or critics is not None:
-            raise ValueError(
-                "critics can only be provided when use_separate_critic=True: with `use_separate_critic=False` "
-                "each agent carries its own value head; drop `critic_model`/`critics`."
-            )
-        return None, None
-    if critics is not None:
-        critics = list(critics)
-        if args.rl_algorithm == "maac" and len(critics) != 1:
-            raise ValueError(f"MAAC trains one joint critic: `critics` must hold 1 model, got {len(critics)}.")
-        if args.rl_algorithm == "iac" and len(critics) != num_agents:
-            raise ValueError(f"`critics` must hold one critic per agent ({num_agents}), got {len(critics)}.")
-        return None, critics
+    if critics is not None or (args.rl_algorithm == "iac" and not args.use_separate_critic):
+        # The translation checks them (`actor_critic.critic_sources`): one per critic, or none for value heads.
+        return (critic_model if critics is None else None), critics
     source = critic_model or args.critic_model_name or agents_model
     if source is None or (isinstance(source, torch.nn.Module) and args.rl_algorithm == "iac"):
         raise ValueError(
