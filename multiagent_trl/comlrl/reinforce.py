@@ -12,9 +12,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import MultiAgentGRPOConfig
 from ..rollout.evaluation import EvalTrajectories, row_logger_metrics, turn_metrics
+from ..team.placement import resolve_devices
 from ..trainer import MultiAgentGRPOTrainer
 from .behaviour import CoMLRLBehaviour, agent_sources, apply_model_config, one_of
-from .fields import CoMLRLShared, check_fields, check_parallel, comlrl_config, confirm_devices, device_list, map_shared
+from .fields import CoMLRLShared, check_fields, check_parallel, comlrl_config, confirm_devices, map_shared
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class MAGRPOConfig(CoMLRLShared, MultiAgentGRPOConfig):
         check_fields(self, "MAGRPOConfig")
         check_parallel(self, "agent_devices")
         if self.reference_kl_enabled and self.reference_devices is not None:
-            device_list(self.reference_devices, self.num_agents, "reference_devices")
+            resolve_devices(self.reference_devices, self.num_agents, "reference_devices")
         if self.reference_devices is not None and self.parallel_training != "mp" and not self.reference_kl_enabled:
             raise ValueError("`reference_devices` places reference models: it needs `reference_kl_enabled=True`.")
         self.comlrl_discount = self.discount
