@@ -11,7 +11,7 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import MultiAgentGRPOConfig
-from ..rollout.evaluation import EvalTrajectories, row_logger_metrics, turn_metrics
+from ..rollout.evaluation import EvalTrajectories, role_trajectories, row_logger_metrics, turn_metrics
 from ..team.placement import resolve_devices
 from ..trainer import MultiAgentGRPOTrainer
 from .behaviour import CoMLRLBehaviour, agent_sources, apply_model_config, one_of
@@ -168,7 +168,10 @@ class MAGRPOTrainer(CoMLRLBehaviour, MultiAgentGRPOTrainer):
 
     def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
         """CoMLRL's evaluation metrics: per turn the mean reward and the expected return, plus `eval_aggregator`'s
-        aggregate of `eval_logger`'s per-row metrics."""
+        aggregate of `eval_logger`'s per-row metrics; in centralized mode `eval_logger` gets the roles' outputs
+        `[role][row][turn]` (the joint completions split by the adapter), as CoMLRL's."""
+        if self.centralized_collaboration is not None:
+            trajectories = role_trajectories(self.centralized_collaboration, trajectories)
         metrics = turn_metrics(trajectories, self.args.num_turns)
         if self.eval_logger is not None:
             metrics.update(
