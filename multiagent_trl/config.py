@@ -17,7 +17,7 @@ from trl import GRPOConfig
 from .rollout.tree import SHAPES as ROLLOUT_SHAPES
 from .rollout.tree import tree_completions
 from .team.arguments import AGENT_SETTINGS
-from .team.placement import check_devices
+from .team.placement import check_devices, resolve_devices
 
 JOINT_MODES = ("aligned", "cross")
 GENERATION_MODES = ("batched", "per_agent")
@@ -126,13 +126,16 @@ class MultiAgentGRPOConfig(GRPOConfig):
             group's best reward: every advantage is at most 0), `"leave_one_out"` (the mean of the other G - 1
             rewards: RLOO). With `scale_rewards` other than `"none"`, the baselined rewards are then centered and
             divided by their standard deviation, so that every baseline gives GRPO's normalized advantages.
-        agent_devices (`list[str]` or `None`, *optional*, defaults to `None`):
-            One device per agent (`"cuda:0"`, `"cuda:1"`, `"cpu"`, ...), in a single process: each agent's model
-            lives on its own device (model parallelism across agents; inputs and outputs cross over). `None` leaves
-            placement to Accelerate (every agent on the process's device). Not with a multi-process launch.
-        reference_devices (`list[str]` or `None`, *optional*, defaults to `None`):
-            With `agent_devices` and `beta != 0`: one device per agent's reference model; `None` puts each on its
-            agent's device.
+        agent_devices (`str`, `list[str]` or `None`, *optional*, defaults to `None`):
+            Each agent's device (`"cuda:0"`, `"cuda:1"`, `"cpu"`, ...), in a single process: each agent's model
+            lives on its own device (model parallelism across agents; inputs and outputs cross over). One device per
+            agent, one device for all (a string or a list of one), or `"auto"`: one CUDA device per agent when there
+            are enough, all on `cuda:0` when fewer, the CPU without CUDA. With `num_agents` set, the config holds one
+            device per agent from then on (without it, the trainer resolves the devices for its agents). `None`
+            leaves placement to Accelerate (every agent on the process's device). Not with a multi-process launch.
+        reference_devices (`str`, `list[str]` or `None`, *optional*, defaults to `None`):
+            With `agent_devices` and `beta != 0`: each agent's reference model's device, in `agent_devices`' forms;
+            `None` puts each on its agent's device.
         vllm_max_loras (`int` or `None`, *optional*, defaults to `None`):
             With `use_vllm=True` and a LoRA team: how many adapters the team's one engine holds at once; at least
             `num_agents` (every agent's adapter serves in each generation call). `None` uses `num_agents`.
@@ -308,11 +311,16 @@ class MultiAgentGRPOConfig(GRPOConfig):
     )
     agent_devices: list[str] | None = field(
         default=None,
-        metadata={"help": "One device per agent in a single process (e.g. cuda:0 cuda:1); None: Accelerate's."},
+        metadata={
+            "help": "Each agent's device in a single process: one per agent (e.g. cuda:0 cuda:1), one for all, or "
+            "auto; None: Accelerate's."
+        },
     )
     reference_devices: list[str] | None = field(
         default=None,
-        metadata={"help": "With agent_devices: one device per agent's reference model; None: the agent's."},
+        metadata={
+            "help": "With agent_devices: the reference models' devices, in agent_devices' forms; None: the agent's."
+        },
     )
     vllm_max_loras: int | None = field(
         default=None,
@@ -389,10 +397,11 @@ class MultiAgentGRPOConfig(GRPOConfig):
             )
         if self.reference_devices is not None and self.agent_devices is None:
             raise ValueError("`reference_devices` needs `agent_devices` (one device per agent) too.")
-        if self.agent_devices is not None:
-            check_devices(self.agent_devices, "agent_devices", self.num_agents, self.world_size)
-            if self.reference_devices is not None:
-                check_devices(self.reference_devices, "reference_devices", self.num_agents, self.world_size)
+        for name in ("agent_devices", "reference_devices") if self.agent_devices is not None else ():
+            if getattr(self, name) is not None:
+                check_devices(getattr(self, name), name, self.num_agents, self.world_size)
+                if self.num_agents is not None:  # one device per agent; else the trainer resolves them
+                    setattr(self, name, resolve_devices(getattr(self, name), self.num_agents, name))
         if self.num_agents is not None:
             self.check_agent_settings(self.num_agents)
         if self.num_turns < 1:

@@ -1,5 +1,7 @@
 """Configuration: GRPO fields carry over, CoMLRL names map onto GRPO fields, CPU needs no bf16 switch."""
 
+import re
+
 import pytest
 import torch
 
@@ -55,3 +57,50 @@ def test_magrpo_defaults_follow_comlrl(tmp_path):
         50,
     )
     assert config.learning_rate == 5e-6 and config.beta == 0.0 and config.scale_rewards == "group"
+
+
+ON_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="'auto' is the CPU on a machine without CUDA")
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ("cpu", ["cpu", "cpu"]),
+        (["cpu"], ["cpu", "cpu"]),
+        (["cpu", "cpu"], ["cpu", "cpu"]),
+        pytest.param("auto", ["cpu", "cpu"], marks=ON_CPU),
+        pytest.param(["AUTO"], ["cpu", "cpu"], marks=ON_CPU),
+    ],
+)
+def test_agent_devices_take_one_device_a_list_of_one_or_auto(tmp_path, given, expected):
+    """`agent_devices` and `reference_devices` accept one device for all, a list of one or one per agent, or "auto";
+    the config holds one device per agent."""
+    config = MultiAgentGRPOConfig(output_dir=str(tmp_path), num_agents=2, agent_devices=given, reference_devices=given)
+    assert config.agent_devices == expected and config.reference_devices == expected
+
+
+def test_agent_devices_wait_for_the_number_of_agents(tmp_path, tiny_path, prompts_dataset):
+    """Without `num_agents` the config keeps the specification; the trainer gives each of its agents a device."""
+    from multiagent_trl import MultiAgentGRPOTrainer
+
+    args = MultiAgentGRPOConfig(
+        output_dir=str(tmp_path), agent_devices="cpu", per_device_train_batch_size=2, num_generations=2, max_steps=1
+    )
+    assert args.agent_devices == "cpu"
+    trainer = MultiAgentGRPOTrainer(
+        model=[tiny_path] * 3, reward_funcs=lambda a, b, c: [0.0] * len(a), args=args, train_dataset=prompts_dataset
+    )
+    assert trainer.model.hf_device_map == {"agents.0": "cpu", "agents.1": "cpu", "agents.2": "cpu"}
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (["cpu", "cpu", "cpu"], "`agent_devices` has 3 devices for 2 agents: give one device, 'auto', or a list of 1"),
+        ([], "`agent_devices` is an empty list"),
+        (["auto", "cpu"], "`agent_devices` entry 'auto' is not a device name"),
+    ],
+)
+def test_agent_devices_bad_forms_raise(tmp_path, given, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        MultiAgentGRPOConfig(output_dir=str(tmp_path), num_agents=2, agent_devices=given)

@@ -31,6 +31,34 @@ class CoMLRLBehaviour(RunSnapshots):
     # from `reward` (`comlrl_log_modes`: the modes that do it; the actor-critic port logs them in evaluation too).
     one_turn_keys: tuple[str, ...] = ("turn_1/reward", "turn_1/expected_return")
     comlrl_log_modes: tuple[str, ...] = ("train",)
+    # Set by `centralize` in centralized mode: the roles' task; evaluation then splits the one writer's outputs.
+    centralized_collaboration: CentralizedCollaboration | None = None
+
+    def centralize(self, adapter, args, roles: dict, kwargs: dict):
+        """CoMLRL's centralized setup (`args.collaboration_mode`), before the core's `__init__`. `roles` holds the
+        trainer's `agents`, `tokenizer`, `reward_func`, `formatters` and `num_agents` (the role count, kept as
+        `num_roles`). Centralized, they are rewritten in place for one model (from `agents`, or `model=` in `kwargs`,
+        alone or in a list of one) whose formatter is the roles' joint prompt and whose reward is the roles' joint
+        reward (`centralized_collaboration`, with `adapter`), and the core's copy of `args` with one agent is
+        returned (the user's keeps the role count); else `args` is returned as it is."""
+        self.num_roles = roles["num_agents"]
+        if args.collaboration_mode != "centralized":
+            return args
+        if self.num_roles != args.num_agents:
+            raise ValueError(
+                f"`num_agents={self.num_roles}` (the number of roles) must equal `args.num_agents={args.num_agents}`."
+            )
+        agents = one_of("model", kwargs.pop("model", None), "agents", roles["agents"])
+        agents, tokenizer = one_actor(agents, roles["tokenizer"], self.num_roles, self.algorithm_name)
+        reward_func = one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", roles["reward_func"])
+        if not callable(reward_func):
+            raise ValueError(f"`reward_func` must be one callable (the roles' joint reward), got {reward_func!r}.")
+        team = CentralizedCollaboration(adapter, roles["formatters"], reward_func, self.num_roles)
+        self.centralized_collaboration = team
+        roles.update(agents=agents, tokenizer=tokenizer, reward_func=team, formatters=team.build_prompt, num_agents=1)
+        core_args = copy.copy(args)
+        core_args.num_agents = 1
+        return core_args
 
     def comlrl_setup(self, args, wandb_config: dict | None, eval_dataset, train_dataset, kwargs: dict):
         """Before the core's `__init__`: `wandb_config` onto `args` (its callback into `kwargs`), no evaluation
@@ -190,24 +218,6 @@ def as_one_actor(config, finish) -> None:
         finish()
     finally:
         config.num_agents = roles
-
-
-def centralized_team(adapter, agents, tokenizer, reward_func, formatters, num_roles: int, args, kwargs: dict, algo):
-    """CoMLRL's centralized setup, shared by its centralized trainers: one model (and tokenizer) from `agents`
-    (`model=` in `kwargs` too), the roles' joint reward, and the core's copy of `args` with one agent (the user's
-    keeps the role count). Returns `(collaboration, agent, tokenizer, core_args)`."""
-    if num_roles != args.num_agents:
-        raise ValueError(
-            f"`num_agents={num_roles}` (the number of roles) must equal `args.num_agents={args.num_agents}`."
-        )
-    agents = one_of("model", kwargs.pop("model", None), "agents", agents)
-    agents, tokenizer = one_actor(agents, tokenizer, num_roles, algo)
-    reward_func = one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", reward_func)
-    if not callable(reward_func):
-        raise ValueError(f"`reward_func` must be one callable (the roles' joint reward), got {reward_func!r}.")
-    core_args = copy.copy(args)
-    core_args.num_agents = 1
-    return CentralizedCollaboration(adapter, formatters, reward_func, num_roles), agents, tokenizer, core_args
 
 
 def agent_sources(agent_model, agents, num_agents: int):

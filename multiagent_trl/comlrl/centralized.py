@@ -8,11 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..rewards.centralized import check_adapter
-from ..rollout.evaluation import EvalTrajectories, role_trajectories
-from .behaviour import as_one_actor, centralized_team
+from .behaviour import as_one_actor
 from .reinforce import MAGRPOConfig, MAGRPOTrainer
 
-__all__ = ["CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer", "role_trajectories"]  # `marlhf` imports the last
+__all__ = ["CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer"]
 
 COLLABORATION_MODES = ("centralized",)
 
@@ -71,21 +70,7 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
                 "(CoMLRL's <agent_i>...</agent_i> protocol) or your own with `build_prompt` and `parse_completion`."
             )
         check_adapter(centralized_adapter)
-        self.num_roles = num_agents
-        collaboration, agents, tokenizer, core_args = centralized_team(
-            centralized_adapter, agents, tokenizer, reward_func, formatters, num_agents, args, kwargs, "MAGRPO"
-        )
-        self.centralized_collaboration = collaboration
-        super().__init__(
-            agents=agents,
-            num_agents=1,
-            tokenizer=tokenizer,
-            reward_func=self.centralized_collaboration,
-            formatters=self.centralized_collaboration.build_prompt,
-            args=core_args,
-            **kwargs,
-        )
-
-    def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
-        """`MAGRPOTrainer`'s evaluation metrics, with `eval_logger` given the roles' outputs `[role][row][turn]`."""
-        return super().trajectory_metrics(role_trajectories(self.centralized_collaboration, trajectories))
+        roles = dict(agents=agents, tokenizer=tokenizer, reward_func=reward_func, formatters=formatters)
+        roles["num_agents"] = num_agents
+        args = self.centralize(centralized_adapter, args, roles, kwargs)
+        super().__init__(**roles, args=args, **kwargs)

@@ -8,13 +8,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
 from transformers import TrainingArguments
+
+from ..team.placement import resolve_devices
 
 
 class Field(NamedTuple):
@@ -230,8 +231,9 @@ def check_parallel(config, *device_fields: str) -> None:
 def map_shared(config, device_counts: dict[str, int]) -> dict:
     """The fields every CoMLRL config maps the same way: `agent_learning_rate`, `max_new_tokens`, `top_k` (`None`:
     TRL's 0), the evaluation fields (before training and every `eval_interval` optimizer steps, one completion per
-    row) and the device fields named in `device_counts` (with `"mp"`, one device per counted model; 0, or `"none"`,
-    leaves the field `None`). Returns the device fields as given, for `confirm_devices`."""
+    row) and the device fields named in `device_counts`: with `"mp"` and a count (models placed), the native field
+    takes CoMLRL's forms as they are (`team.placement.resolve_devices`); else it is left `None` (Accelerate's
+    placement). Returns the device fields as given, for `confirm_devices`."""
     if config.agent_learning_rate is not None:
         config.learning_rate = config.agent_learning_rate
     if config.max_new_tokens is not None:
@@ -244,8 +246,8 @@ def map_shared(config, device_counts: dict[str, int]) -> dict:
     config.num_generations_eval = 1
     given = {name: getattr(config, name) for name in device_counts}
     for name, count in device_counts.items():
-        mp = config.parallel_training == "mp" and count
-        setattr(config, name, device_list(given[name], count, name) if mp else None)
+        if config.parallel_training != "mp" or not count:
+            setattr(config, name, None)
     return given
 
 
@@ -256,18 +258,7 @@ def confirm_devices(config, given: dict) -> None:
         check_accelerate_device(name, spec, config.device)
 
 
-def device_list(spec, num_agents: int, name: str) -> list[str]:
-    """CoMLRL's device specification (one device, a list of one or `num_agents`, or `"auto"`) as one per agent."""
-    if spec is None or (isinstance(spec, str) and spec.lower() == "auto"):
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            return ["cpu"] * num_agents
-        return [f"cuda:{i}" for i in range(num_agents)] if count >= num_agents else ["cuda:0"] * num_agents
-    if isinstance(spec, str):
-        return [spec] * num_agents
-    if isinstance(spec, Sequence) and len(spec) in (1, num_agents):
-        return [str(s) for s in spec] * (num_agents if len(spec) == 1 else 1)
-    raise ValueError(f"`{name}` must be one device, 'auto', or a list of 1 or {num_agents} devices; got {spec!r}.")
+device_list = resolve_devices  # CoMLRL's device forms are the native ones; the actor-critic translation's name
 
 
 def check_accelerate_device(name: str, spec, device: torch.device) -> None:

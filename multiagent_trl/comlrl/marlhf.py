@@ -31,12 +31,9 @@ from ..actor_critic.config import check_hidden_dim
 from ..actor_critic.value_model import model_config_of
 from ..preference.reward_model import JointRewardModel
 from ..preference.rlhf import RewardModelFields, RewardModelStage, check_reward_model_fields
-from ..rewards.centralized import CentralizedCollaboration
 from ..rewards.joint import bind_reward
-from ..rollout.evaluation import EvalTrajectories
 from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
-from .behaviour import as_one_actor, centralized_team, comparator_adapter
-from .centralized import role_trajectories
+from .behaviour import as_one_actor, comparator_adapter
 from .fields import FAMILIES, ONLINE_CRITIC, STORED_AS, CoMLRLPreferenceFields, check_fields, comlrl_config
 from .reinforce import MAGRPOConfig, MAGRPOTrainer
 
@@ -284,9 +281,7 @@ class MARLHFTrainer(MARLHFStage, MAGRPOTrainer):
         **kwargs,
     ):
         args = _marlhf_config(args, self.default_config_cls)
-        self.centralized_comparator_adapter = adapter = comparator_adapter(centralized_comparator_adapter)
-        self.centralized_collaboration: CentralizedCollaboration | None = None
-        self.num_roles = num_agents
+        self.centralized_comparator_adapter = comparator_adapter(centralized_comparator_adapter)
         given = {"metrics_callback": metrics_callback, "critic_model": critic_model, "critics": critics}
         for name, value in given.items():
             if value is not None:
@@ -294,38 +289,24 @@ class MARLHFTrainer(MARLHFStage, MAGRPOTrainer):
                     f"`{name}` serves MARLHF's actor-critic back-ends (`rl_algorithm='iac'`/`'maac'`); this "
                     f"trainer runs `rl_algorithm={args.rl_algorithm!r}`: drop `{name}` or change `rl_algorithm`."
                 )
-        if args.collaboration_mode == "centralized":
-            self.centralized_collaboration, agents, tokenizer, args = centralized_team(
-                adapter, agents, tokenizer, reward_func, formatters, num_agents, args, kwargs, "MARLHF"
-            )
-            formatters, reward_func = self.centralized_collaboration.build_prompt, self.centralized_collaboration
-            num_agents = 1
+        roles = dict(agents=agents, tokenizer=tokenizer, reward_func=reward_func, formatters=formatters)
+        roles["num_agents"] = num_agents
+        args = self.centralize(self.centralized_comparator_adapter, args, roles, kwargs)
         super().__init__(
             agent_model=agent_model,
-            agents=agents,
-            num_agents=num_agents,
-            tokenizer=tokenizer,
             model_config=model_config,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
-            reward_func=reward_func,
             reward_processor=reward_processor,
-            formatters=formatters,
             external_transition=external_transition,
             wandb_config=wandb_config,
             eval_logger=eval_logger,
             eval_aggregator=eval_aggregator,
             args=args,
+            **roles,
             **kwargs,
         )
         self.setup_reward_model(reward_model, None, self.model_name)
-
-    def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
-        """MAGRPO's evaluation metrics; in centralized mode `eval_logger` gets the roles' outputs `[role][row][turn]`
-        (the joint completions split by the adapter), as CoMLRL's."""
-        if self.centralized_collaboration is not None:
-            trajectories = role_trajectories(self.centralized_collaboration, trajectories)
-        return super().trajectory_metrics(trajectories)
 
 
 class MARLHFActorCriticStage(MARLHFStage):

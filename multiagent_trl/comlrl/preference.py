@@ -15,9 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..preference.config import MultiAgentDPOConfig
 from ..preference.trainer import DPO_TAG_NAMES, MultiAgentDPOTrainer
-from ..rewards.centralized import CentralizedCollaboration
-from ..rollout.evaluation import EvalTrajectories, role_trajectories
-from .behaviour import as_one_actor, centralized_team, comparator_adapter, decay_every_parameter
+from .behaviour import as_one_actor, comparator_adapter, decay_every_parameter
 from .fields import (
     CoMLRLOptimization,
     CoMLRLPreferenceFields,
@@ -144,40 +142,24 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
         args = args if args is not None else self.default_config_cls()
         if not isinstance(args, MADPOConfig):
             raise TypeError(f"`args` is a {type(args).__name__}; MADPOTrainer needs a MADPOConfig.")
-        self.centralized_comparator_adapter = adapter = comparator_adapter(centralized_comparator_adapter)
-        self.centralized_collaboration: CentralizedCollaboration | None = None
-        self.num_roles = num_agents
-        if args.collaboration_mode == "centralized":
-            self.centralized_collaboration, agents, tokenizer, args = centralized_team(
-                adapter, agents, tokenizer, reward_func, formatters, num_agents, args, kwargs, "MADPO"
-            )
-            formatters, reward_func = self.centralized_collaboration.build_prompt, self.centralized_collaboration
-            num_agents = 1
+        self.centralized_comparator_adapter = comparator_adapter(centralized_comparator_adapter)
+        roles = dict(agents=agents, tokenizer=tokenizer, reward_func=reward_func, formatters=formatters)
+        roles["num_agents"] = num_agents
+        args = self.centralize(self.centralized_comparator_adapter, args, roles, kwargs)
         super().__init__(
             agent_model=agent_model,
-            agents=agents,
-            num_agents=num_agents,
-            tokenizer=tokenizer,
             model_config=model_config,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
-            reward_func=reward_func,
             reward_processor=reward_processor,
-            formatters=formatters,
             external_transition=external_transition,
             wandb_config=wandb_config,
             eval_logger=eval_logger,
             eval_aggregator=eval_aggregator,
             args=args,
+            **roles,
             **kwargs,
         )
-
-    def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
-        """MAGRPO's evaluation metrics; in centralized mode `eval_logger` gets the roles' outputs `[role][row][turn]`
-        (the joint completions split by the adapter), as CoMLRL's."""
-        if self.centralized_collaboration is not None:
-            trajectories = role_trajectories(self.centralized_collaboration, trajectories)
-        return super().trajectory_metrics(trajectories)
 
     get_decay_parameter_names = decay_every_parameter  # CoMLRL's AdamW decays every parameter
 

@@ -11,10 +11,11 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import MultiAgentGRPOConfig
-from ..rollout.evaluation import EvalTrajectories, row_logger_metrics, turn_metrics
+from ..rollout.evaluation import EvalTrajectories, role_trajectories, row_logger_metrics, turn_metrics
+from ..team.placement import resolve_devices
 from ..trainer import MultiAgentGRPOTrainer
 from .behaviour import CoMLRLBehaviour, agent_sources, apply_model_config, one_of
-from .fields import CoMLRLShared, check_fields, check_parallel, comlrl_config, confirm_devices, device_list, map_shared
+from .fields import CoMLRLShared, check_fields, check_parallel, comlrl_config, confirm_devices, map_shared
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class MAGRPOConfig(CoMLRLShared, MultiAgentGRPOConfig):
         check_fields(self, "MAGRPOConfig")
         check_parallel(self, "agent_devices")
         if self.reference_kl_enabled and self.reference_devices is not None:
-            device_list(self.reference_devices, self.num_agents, "reference_devices")
+            resolve_devices(self.reference_devices, self.num_agents, "reference_devices")
         if self.reference_devices is not None and self.parallel_training != "mp" and not self.reference_kl_enabled:
             raise ValueError("`reference_devices` places reference models: it needs `reference_kl_enabled=True`.")
         self.comlrl_discount = self.discount
@@ -167,7 +168,10 @@ class MAGRPOTrainer(CoMLRLBehaviour, MultiAgentGRPOTrainer):
 
     def trajectory_metrics(self, trajectories: EvalTrajectories) -> dict[str, float]:
         """CoMLRL's evaluation metrics: per turn the mean reward and the expected return, plus `eval_aggregator`'s
-        aggregate of `eval_logger`'s per-row metrics."""
+        aggregate of `eval_logger`'s per-row metrics; in centralized mode `eval_logger` gets the roles' outputs
+        `[role][row][turn]` (the joint completions split by the adapter), as CoMLRL's."""
+        if self.centralized_collaboration is not None:
+            trajectories = role_trajectories(self.centralized_collaboration, trajectories)
         metrics = turn_metrics(trajectories, self.args.num_turns)
         if self.eval_logger is not None:
             metrics.update(

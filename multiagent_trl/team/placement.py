@@ -1,7 +1,8 @@
 """Per-agent devices: each agent's model (and its reference) on a device of its own, in one process.
 
 With `agent_devices=["cuda:0", "cuda:1"]`, agent i's weights live on `agent_devices[i]`: a team whose agents do not
-fit on one accelerator together still trains in a single process. The trainer's tensors stay on the process's
+fit on one accelerator together still trains in a single process. `agent_devices` may also be one device for every
+agent (`"cuda:1"`, or a list of one) or `"auto"` (`resolve_devices`). The trainer's tensors stay on the process's
 device (`accelerator.device`); hooks on each agent move a forward's inputs to the agent's device and its outputs
 back, so TRL's generation, log-probabilities and loss run unchanged, and autograd carries gradients across.
 
@@ -17,24 +18,53 @@ import torch
 from torch import nn
 
 
-def check_devices(devices: Sequence[str], name: str, num_agents: int | None, world_size: int) -> list[torch.device]:
-    """Parse and check a per-agent device list: one entry per agent, each a device this machine has.
+def resolve_devices(spec: str | Sequence[str], num_agents: int | None, name: str) -> list[str]:
+    """One device per agent from `spec`: one device for every agent (a name, or a list of one), one per agent, or
+    `"auto"`: `cuda:0` ... `cuda:{N-1}` when there are at least N CUDA devices, every agent on `cuda:0` when there
+    are fewer, the CPU without CUDA (CoMLRL's rule). With `num_agents=None` (not known yet) a list is returned as
+    given and one device, or `"auto"`, as one entry. Entries are checked by `check_devices`.
+
+    >>> resolve_devices("cpu", 2, "agent_devices")
+    ['cpu', 'cpu']
+    """
+    specs = [spec] if isinstance(spec, str) else spec
+    if not isinstance(specs, Sequence) or len(specs) == 0:
+        raise ValueError(
+            f"`{name}` is {'an empty list' if isinstance(specs, Sequence) else repr(spec)}: give one device for all "
+            "agents (e.g. 'cuda:0'), 'auto', or a list with one device per agent."
+        )
+    count = num_agents if num_agents is not None else len(specs)
+    if len(specs) == 1 and str(specs[0]).strip().lower() == "auto":
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if available == 0:
+            return ["cpu"] * count
+        return [f"cuda:{i}" for i in range(count)] if available >= count else ["cuda:0"] * count
+    if len(specs) == 1:
+        return [str(specs[0])] * count
+    if len(specs) != count:
+        raise ValueError(
+            f"`{name}` has {len(specs)} devices for {count} agents: give one device, 'auto', or a list of 1 or "
+            f"{count} devices (one per agent)."
+        )
+    return [str(s) for s in specs]
+
+
+def check_devices(
+    devices: str | Sequence[str], name: str, num_agents: int | None, world_size: int
+) -> list[torch.device]:
+    """Parse and check a device specification (`resolve_devices`'s forms): one device per agent, each a device this
+    machine has.
 
     >>> check_devices(["cpu", "cpu"], "agent_devices", 2, world_size=1)
     [device(type='cpu'), device(type='cpu')]
     """
-    if isinstance(devices, str):
-        raise TypeError(
-            f"`{name}` must be a list with one device per agent, e.g. ['cuda:0', 'cuda:1']; got {devices!r}."
-        )
+    devices = resolve_devices(devices, num_agents, name)
     if world_size > 1:
         raise ValueError(
             f"`{name}` places each agent on its own device within one process; this run has {world_size} processes. "
             "Under `accelerate launch` / `torchrun`, leave `agent_devices` unset (each process holds the team on its "
             "own device), or launch a single process."
         )
-    if num_agents is not None and len(devices) != num_agents:
-        raise ValueError(f"`{name}` has {len(devices)} devices for {num_agents} agents: give one device per agent.")
     parsed = []
     for spec in devices:
         try:
@@ -86,8 +116,8 @@ def place_on(model: nn.Module, device: torch.device, home: torch.device) -> None
 def place_agents(
     team: nn.Module,
     ref_models: Sequence[nn.Module | None],
-    devices: Sequence[str],
-    reference_devices: Sequence[str] | None,
+    devices: str | Sequence[str],
+    reference_devices: str | Sequence[str] | None,
     home: torch.device,
     world_size: int,
 ) -> None:
