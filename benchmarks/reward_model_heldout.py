@@ -17,6 +17,10 @@ runs on `--seeds` (the seed draws the training samples, the head and the batch o
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 nice -n 15 python benchmarks/reward_model_heldout.py --seeds 0 1 2
     python benchmarks/reward_model_heldout.py --variants comlrl spans-sum --seeds 0   # a few variants
 
+Beside each variant it also prints the bag-of-tokens reference on the variant's own training pairs: a logistic
+ranker on each response's token counts (`bag_of_tokens_accuracy`), the best a linear score on the tokens can learn
+from that many pairs, with no backbone in the way; it says whether a variant is short of pairs or of features.
+
 It first prints two references: the held-out accuracy of ranking by the ratio of the two responses' characters (what
 the task reward reads) and of their UTF-8 bytes, which is what counting tokens gives with the tiny model's byte-level
 tokenizer (its random completions decode to many replacement characters, 3 bytes each). Then one row per variant:
@@ -103,6 +107,30 @@ VARIANTS.update(
         # more pairs and steps together: 40 items, 8 pairs each, 4 epochs of 8-pair batches
         "sum-big": replace(SUMS, items=40, pairs_per_sample=8, epochs=4, batch_size=8),
         "sum-big-e8": replace(SUMS, items=40, pairs_per_sample=8, epochs=8, batch_size=8),
+        # the pair budget the bag-of-tokens reference needs for 0.7: 320 items of 8 pairs (2,560 pairs)
+        "sum-2560": replace(SUMS, items=320, pairs_per_sample=8, epochs=2, batch_size=16),
+        # every pair of each item's 8 candidates, head only on the frozen backbone's span sums (read once per
+        # sample): 40 items (1,044 pairs) and 160 items (4,193 pairs)
+        "sum-frozen-all-40": replace(
+            SUMS,
+            items=40,
+            pair_selection="all",
+            pairs_per_sample=None,
+            freeze_backbone=True,
+            learning_rate=1e-2,
+            epochs=8,
+            batch_size=64,
+        ),
+        "sum-frozen-all-160": replace(
+            SUMS,
+            items=160,
+            pair_selection="all",
+            pairs_per_sample=None,
+            freeze_backbone=True,
+            learning_rate=1e-2,
+            epochs=8,
+            batch_size=64,
+        ),
         "sum-big-frozen": replace(
             SUMS, items=40, pairs_per_sample=8, epochs=4, batch_size=8, freeze_backbone=True, learning_rate=1e-2
         ),  # fmt: skip
@@ -155,6 +183,34 @@ def score_all(model: JointRewardModel, prompts, joints, batch: int = 32) -> torc
     return torch.cat(scores).float()
 
 
+def token_counts(tokenizer, joints) -> torch.Tensor:
+    """`(B, N * V)`: each agent's response as counts of the tokenizer's `V` tokens, agents side by side."""
+    size = len(tokenizer)
+    counts = torch.zeros(len(joints), len(joints[0]) * size)
+    for row, joint in enumerate(joints):
+        for agent, text in enumerate(joint):
+            for token in tokenizer(text, add_special_tokens=False)["input_ids"]:
+                counts[row, agent * size + token] += 1
+    return counts
+
+
+def bag_of_tokens_accuracy(tokenizer, pairs, heldout, seed: int, steps: int = 500) -> float:
+    """Held-out accuracy of a logistic (Bradley-Terry) ranker that is linear in the responses' token counts, fitted on
+    `pairs` (Adam, learning rate 1e-2, L2 1e-3): what the pairs alone teach a linear score on the tokens."""
+    chosen = token_counts(tokenizer, [p.chosen for p in pairs])
+    rejected = token_counts(tokenizer, [p.rejected for p in pairs])
+    torch.manual_seed(seed)
+    weights = torch.zeros(chosen.shape[1], requires_grad=True)
+    optimizer = torch.optim.Adam([weights], lr=1e-2)
+    for _ in range(steps):
+        loss = -torch.nn.functional.logsigmoid((chosen - rejected) @ weights).mean() + 1e-3 * weights.square().sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    scores = token_counts(tokenizer, heldout[1]) @ weights.detach()
+    return statistics.mean(float(scores[w] > scores[lose]) for w, lose in heldout[2])
+
+
 def run(setting: Setting, seed: int, path: str, heldout) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(path)
     sampler = AutoModelForCausalLM.from_pretrained(path).eval()
@@ -167,6 +223,7 @@ def run(setting: Setting, seed: int, path: str, heldout) -> dict:
             (prompt, prompt), joint, rewards, setting.pair_selection, setting.pairs_per_sample
         )
     held_prompts, held_joints, held_pairs = heldout
+    bag_of_tokens = bag_of_tokens_accuracy(tokenizer, pairs, heldout, seed)
     start = time.perf_counter()
     total, train_accuracy = torch.zeros(len(held_joints)), []
     for member in range(setting.ensemble):
@@ -194,6 +251,7 @@ def run(setting: Setting, seed: int, path: str, heldout) -> dict:
         "heldout_pairs": len(held_pairs),
         "heldout_accuracy": correct / len(held_pairs),
         "train_accuracy": statistics.mean(train_accuracy),
+        "bag_of_tokens_accuracy": bag_of_tokens,
         "seconds": time.perf_counter() - start,
     }
 
@@ -218,7 +276,8 @@ def main() -> None:
         ratios = [length(b) / max(length(a), 1) for a, b in held_joints]
         share = statistics.mean(float(ratios[w] > ratios[lose]) for w, lose in heldout[2])
         print(f"ranked by the ratio of the responses' {name}: {share:.3f}", flush=True)
-    print(f"{'variant':<14} {'held-out acc (mean [min, max])':<32} {'train acc':>9} {'pairs':>6} {'s/run':>6}")
+    header = f"{'variant':<14} {'held-out acc (mean [min, max])':<32} {'train acc':>9} {'pairs':>6} {'s/run':>6}"
+    print(f"{header} {'bag of tokens':>13}")
     results = {}
     for name in args.variants:
         runs = [run(VARIANTS[name], seed, path, heldout) for seed in args.seeds]
@@ -227,7 +286,8 @@ def main() -> None:
         print(
             f"{name:<14} {statistics.mean(accuracy):.3f} [{min(accuracy):.3f}, {max(accuracy):.3f}]{'':<14} "
             f"{statistics.mean(r['train_accuracy'] for r in runs):>9.3f} {runs[0]['pairs']:>6} "
-            f"{statistics.mean(r['seconds'] for r in runs):>6.1f}",
+            f"{statistics.mean(r['seconds'] for r in runs):>6.1f} "
+            f"{statistics.mean(r['bag_of_tokens_accuracy'] for r in runs):>13.3f}",
             flush=True,
         )
     if args.json_out:
