@@ -30,7 +30,7 @@ def critic_sources(
             the same models.
         agents: The agents' sources, in order: used when neither of the above is given (each critic starts from its
             agent's id or path; a joint critic from agent 0's).
-        joint: Whether the one critic is a joint critic (only words the errors).
+        joint: Whether the one critic is a joint critic (it changes only the wording of the errors).
 
     Raises:
         ValueError: A list of the wrong length, `critic_model` and `critics` that disagree, one model object for
