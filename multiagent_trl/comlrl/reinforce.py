@@ -144,10 +144,8 @@ class MAGRPOTrainer(CoMLRLBehaviour, MultiAgentGRPOTrainer):
             raise ValueError("Pass a joint reward function: `reward_func=` (CoMLRL name) or `reward_funcs=`.")
         if (eval_logger is None) != (eval_aggregator is None):
             raise ValueError("`eval_logger` and `eval_aggregator` work together (CoMLRL calls both): pass both.")
-        if isinstance(model, list) or (isinstance(model, str) and kwargs.get("peft_config") is None):
+        if isinstance(model, (list, str)):  # a model id: `num_agents` copies, or one base with an adapter per agent
             args.num_agents = len(model) if isinstance(model, list) else num_agents
-        elif isinstance(model, str):
-            args.num_agents = num_agents  # one base, one adapter per agent
         model, processing_class = apply_model_config(model, processing_class, model_config, args, kwargs)
         self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
         train_dataset = self.comlrl_setup(args, wandb_config, eval_dataset, train_dataset, kwargs)
