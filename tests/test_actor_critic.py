@@ -714,7 +714,7 @@ def test_set_transition_makes_the_later_turn_prompts(tmp_path, tiny_path, prompt
     [
         (dict(critic_devices=["cpu", "cpu"]), "set `agent_devices`"),
         (dict(agent_devices=["cpu", "cpu"], critic_devices=["cpu", "cpu"], critic_kind="head"), "critic_kind='model'"),
-        (dict(agent_devices=["cpu", "cpu"], critic_devices=["cpu"]), "1 devices for 2"),
+        (dict(agent_devices=["cpu", "cpu"], critic_devices=["cpu", "cpu", "cpu"]), "3 devices for 2"),
         (dict(agent_devices=["cpu", "cpu"], critic_devices=["cpu", "cpu"], joint_critic=True), "2 devices for 1"),
     ],
 )
@@ -733,6 +733,8 @@ def test_critics_are_placed_on_critic_devices(tmp_path, tiny_path, prompts_datas
         train_dataset=prompts_dataset,
     )
     assert [next(c.parameters()).device for c in trainer.critics] == [torch.device(d) for d in devices]
+    # One device for every critic, in `agent_devices`' forms: stored as one per critic.
+    assert native_args(tmp_path, agent_devices=["cpu", "cpu"], critic_devices=["cpu"]).critic_devices == ["cpu", "cpu"]
     assert all(next(agent.parameters()).device.type == "cpu" for agent in trainer.model.agents)
 
 

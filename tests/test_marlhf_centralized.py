@@ -102,23 +102,23 @@ def task_reward(role_reward, adapter, completion: str) -> float:
 
 @pytest.fixture(scope="module")
 def script_run(tmp_path_factory):
-    """Our run of the script, with every text the reward model scores recorded (`JointRewardModel.score`)."""
+    """Our run of the script, with every text the reward model reads recorded (`JointRewardModel.tokenize`)."""
     out = tmp_path_factory.mktemp("marlhf_centralized")
     scored: list[list[str]] = []
-    score = JointRewardModel.score
+    tokenize = JointRewardModel.tokenize
 
-    def recording(self, texts):
+    def recording(self, texts, spans=None):
         scored.append(list(texts))
-        return score(self, texts)
+        return tokenize(self, texts, spans)
 
     cwd = os.getcwd()
     os.chdir(out)
-    JointRewardModel.score = recording
+    JointRewardModel.tokenize = recording
     try:
         torch.manual_seed(0)
         trainer, logged, adapter, role_reward = run_script(SCRIPT, OURS, tiny_model_path(), str(out / "final"))
     finally:
-        JointRewardModel.score = score
+        JointRewardModel.tokenize = tokenize
         os.chdir(cwd)
     # The last training batch's completions table (before any evaluation replaces it).
     table = {"prompt": list(trainer._logs["prompt"]), "completion": list(trainer._logs["completion"])}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import MultiAgentGRPOConfig
-from ..team.placement import check_devices
+from ..team.placement import check_devices, resolve_devices
 
 CRITIC_TYPES = ("v", "q")
 CRITIC_KINDS = ("model", "head", "adapter")
@@ -66,8 +66,8 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
             statistics are saved with each checkpoint (`value_norm.pt`).
         critic_devices (`list[str]` or `None`, *optional*, defaults to `None`):
             With `agent_devices` (one process, each agent on its own device) and `critic_kind="model"`: one device per
-            critic (per agent, or one for a joint critic), where the trainer puts it. `None`: each critic on its
-            agent's device (a joint critic on agent 0's).
+            critic (per agent, or one for a joint critic), where the trainer puts it, in `agent_devices`' forms (one
+            device for all, or `"auto"`, too). `None`: each critic on its agent's device (a joint critic on agent 0's).
 
     Multi-turn episodes (`num_turns > 1`, with the trainer's `external_transition`): each turn's target is the TD(0)
     target `r_t + discount * V_old(t + 1)` (the last turn played: its return), advantages are standardized per turn,
@@ -190,6 +190,8 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
                 )
             count = 1 if self.joint_critic else self.num_agents
             check_devices(self.critic_devices, "critic_devices", count, self.world_size)
+            if count is not None:  # one device per critic, from `agent_devices`' forms
+                self.critic_devices = resolve_devices(self.critic_devices, count, "critic_devices")
 
     @property
     def critic_lr(self) -> float:
