@@ -25,6 +25,7 @@ from ..actor_critic.value_model import (
 from ..rewards.items import item_reward
 from ..rewards.joint import bind_reward
 from ..rollout.turns import FormattedTransition, first_turn_formatters, listed_formatters
+from ..team.placement import resolve_devices
 from .behaviour import CoMLRLBehaviour, agent_sources, apply_model_config, decay_every_parameter
 from .fields import (
     CoMLRLOptimization,
@@ -33,7 +34,6 @@ from .fields import (
     check_parallel,
     comlrl_config,
     confirm_devices,
-    device_list,
     map_shared,
 )
 
@@ -111,7 +111,7 @@ class _ActorCriticFields(CoMLRLOptimization, CoMLRLShared, ActorCriticConfig):
         given = map_shared(self, {"agent_devices": self.num_agents, "reference_devices": 0})
         if self.parallel_training == "mp" and self.critic_kind == "model":  # heads live on their agents
             count = 1 if self.joint_critic else self.num_agents
-            self.critic_devices = device_list(critic_spec or self.agent_devices, count, "critic_devices")
+            self.critic_devices = resolve_devices(critic_spec or self.agent_devices, count, "critic_devices")
         else:
             self.critic_devices = None
         super().__post_init__()

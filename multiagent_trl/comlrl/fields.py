@@ -15,8 +15,6 @@ from typing import NamedTuple
 import torch
 from transformers import TrainingArguments
 
-from ..team.placement import resolve_devices
-
 
 class Field(NamedTuple):
     """One row: CoMLRL's name, what it becomes here, and what it accepts (`minimum`, `choices` and `positive` are
@@ -256,9 +254,6 @@ def confirm_devices(config, given: dict) -> None:
     Accelerate uses anyway."""
     for name, spec in given.items() if config.parallel_training == "none" else ():
         check_accelerate_device(name, spec, config.device)
-
-
-device_list = resolve_devices  # CoMLRL's device forms are the native ones; the actor-critic translation's name
 
 
 def check_accelerate_device(name: str, spec, device: torch.device) -> None:
