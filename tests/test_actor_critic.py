@@ -690,6 +690,30 @@ def test_iac_agents_with_value_heads_start_the_critics_from_them(tmp_path, tiny_
         assert all(torch.equal(a, b) for a, b in zip(critic.value_head.parameters(), agent.value_head.parameters()))
 
 
+def test_comlrl_special_tokens_reach_agents_given_with_value_heads(tmp_path, tiny_path):
+    """`model_config["special_tokens"]` with agents given as `CausalLMWithValueHead`: the tokens are added, each
+    wrapped LM is resized to the tokenizer and trained, and each critic starts from the head its agent carries."""
+    agents = [CausalLMWithValueHead(AutoModelForCausalLM.from_pretrained(tiny_path), 8) for _ in range(2)]
+    tokenizer = tiny_tokenizer()
+    args = IACConfig(
+        output_dir=str(tmp_path), num_turns=1, use_separate_critic=False, value_head_hidden_dim=8, report_to="none"
+    )
+    special = {"additional_special_tokens": ["<plan>"]}
+    trainer = IACTrainer(
+        agents=agents,
+        tokenizer=tokenizer,
+        reward_func=parity_reward,
+        args=args,
+        model_config={"special_tokens": special},
+    )
+    assert "<plan>" in tokenizer.get_vocab()
+    for k, agent in enumerate(agents):
+        assert trainer.model.agents[k] is agent.model
+        assert agent.model.get_input_embeddings().num_embeddings == len(tokenizer)
+        carried = zip(trainer.critics[k].value_head.parameters(), agent.value_head.parameters())
+        assert all(torch.equal(a, b) for a, b in carried)
+
+
 def test_set_transition_makes_the_later_turn_prompts(tmp_path, tiny_path, prompts_dataset):
     seen = []
     trainer = ActorCriticTrainer(

@@ -2,6 +2,7 @@
 per-agent devices, evaluation pass, trainer arguments and checkpoints."""
 
 import dataclasses
+import inspect
 import math
 import os
 import re
@@ -12,6 +13,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
+import multiagent_trl.comlrl
 from multiagent_trl import (
     MAGRPOConfig,
     MAGRPOTrainer,
@@ -95,6 +97,28 @@ def test_every_comlrl_field_is_accepted_with_its_default():
         return
     reference = {f.name: f.default for f in dataclasses.fields(Reference)}
     assert reference == COMLRL_DEFAULTS
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["MAGRPOTrainer", "MADPOTrainer", "MARLHFTrainer", "IACTrainer", "MAACTrainer", "CentralizedMAGRPOTrainer"]
+    + ["MADPOIterTrainer", "MARLHFIterTrainer"],
+)
+def test_trainers_take_comlrls_arguments_in_its_order(name):
+    """A CoMLRL script passes arguments by position or by keyword: every named argument of CoMLRL 1.4.3's constructor
+    is one of ours, of the same kind (positional or keyword-only), in the same order."""
+    import comlrl.trainers.actor_critic
+    import comlrl.trainers.preference
+    import comlrl.trainers.reinforce
+
+    modules = (comlrl.trainers.reinforce, comlrl.trainers.preference, comlrl.trainers.actor_critic)
+    reference = next(getattr(module, name) for module in modules if hasattr(module, name))
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    theirs = [
+        (n, p.kind) for n, p in inspect.signature(reference.__init__).parameters.items() if p.kind not in variadic
+    ]
+    ours = inspect.signature(getattr(multiagent_trl.comlrl, name).__init__).parameters
+    assert [(n, ours[n].kind) for n, _ in theirs if n in ours] == theirs
 
 
 def test_no_gradient_checkpointing_by_default_and_the_same_weights(tmp_path, tiny_path, prompts_dataset):

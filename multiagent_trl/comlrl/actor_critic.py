@@ -30,6 +30,7 @@ from .behaviour import CoMLRLBehaviour, agent_sources, apply_model_config, decay
 from .fields import (
     CoMLRLOptimization,
     CoMLRLShared,
+    buffer_steps,
     check_fields,
     check_parallel,
     comlrl_config,
@@ -89,13 +90,7 @@ class _ActorCriticFields(CoMLRLOptimization, CoMLRLShared, ActorCriticConfig):
                 f"`rollout_buffer_size={self.rollout_buffer_size}` must be a multiple of `num_generations="
                 f"{self.num_generations}`: here a buffer holds every completion of its prompts (CoMLRL overfills it)."
             )
-        buffer = self.rollout_buffer_size
-        per_step = min(self.comlrl_train_batch_size or buffer, buffer)
-        if buffer % per_step != 0:
-            raise ValueError(
-                f"`rollout_buffer_size={buffer}` must be a multiple of `train_batch_size="
-                f"{per_step}`: each buffer is split into equal optimizer steps here (TRL's steps_per_generation)."
-            )
+        buffer, per_step = buffer_steps(self)
         if self.num_turns > 1:  # CoMLRL's buffer counts every turn's sample: it holds buffer / num_turns episodes
             buffer, per_step = max(buffer // self.num_turns, 1), max(per_step // self.num_turns, 1)
             if buffer % per_step != 0:

@@ -5,6 +5,7 @@ without a training dataset, and the centralized setup; `docs/comlrl-users.md` de
 from __future__ import annotations
 
 import copy
+import inspect
 import numbers
 import os
 from typing import Any
@@ -15,6 +16,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl.trainer.utils import RepeatSampler
 
+from ..actor_critic.value_model import split_value_model
 from ..rewards.centralized import CentralizedCollaboration, TaggedCentralizedComparatorAdapter, check_adapter
 from ..team.loading import load_agents, load_processing_classes
 from ..team.snapshots import RunSnapshots
@@ -33,16 +35,28 @@ class CoMLRLBehaviour(RunSnapshots):
     comlrl_log_modes: tuple[str, ...] = ("train",)
     # Set by `centralize` in centralized mode: the roles' task; evaluation then splits the one writer's outputs.
     centralized_collaboration: CentralizedCollaboration | None = None
+    # The centralized mode's adapter, set before the core's `__init__` by the families that take one.
+    centralized_comparator_adapter = None
+    config_family: type = object  # what `args` must be (a family's base config)
 
-    def centralize(self, adapter, args, roles: dict, kwargs: dict):
+    def comlrl_args(self, args):
+        """`args`, or the class's default config when `None`; a config that is not a `config_family` raises."""
+        args = args if args is not None else self.default_config_cls()
+        if not isinstance(args, self.config_family):
+            raise TypeError(
+                f"`args` is a {type(args).__name__}; {type(self).__name__} needs a {self.config_family.__name__}."
+            )
+        return args
+
+    def centralize(self, args, roles: dict, kwargs: dict):
         """CoMLRL's centralized setup (`args.collaboration_mode`), before the core's `__init__`. `roles` holds the
         trainer's `agents`, `tokenizer`, `reward_func`, `formatters` and `num_agents` (the role count, kept as
         `num_roles`). Centralized, they are rewritten in place for one model (from `agents`, or `model=` in `kwargs`,
         alone or in a list of one) whose formatter is the roles' joint prompt and whose reward is the roles' joint
-        reward (`centralized_collaboration`, with `adapter`), and the core's copy of `args` with one agent is
-        returned (the user's keeps the role count); else `args` is returned as it is."""
+        reward (`centralized_collaboration`, with `centralized_comparator_adapter`), and the core's copy of `args`
+        with one agent is returned (the user's keeps the role count); else `args` is returned as it is."""
         self.num_roles = roles["num_agents"]
-        if args.collaboration_mode != "centralized":
+        if getattr(args, "collaboration_mode", None) != "centralized":
             return args
         if self.num_roles != args.num_agents:
             raise ValueError(
@@ -53,6 +67,7 @@ class CoMLRLBehaviour(RunSnapshots):
         reward_func = one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", roles["reward_func"])
         if not callable(reward_func):
             raise ValueError(f"`reward_func` must be one callable (the roles' joint reward), got {reward_func!r}.")
+        adapter = self.centralized_comparator_adapter
         team = CentralizedCollaboration(adapter, roles["formatters"], reward_func, self.num_roles)
         self.centralized_collaboration = team
         roles.update(agents=agents, tokenizer=tokenizer, reward_func=team, formatters=team.build_prompt, num_agents=1)
@@ -165,6 +180,14 @@ def decay_every_parameter(trainer, model) -> list[str]:
     return [name for name, _ in model.named_parameters()]
 
 
+def with_keywords(init, *names: str) -> inspect.Signature:
+    """`init`'s signature with keyword-only `names` (default `None`) before its `**kwargs`: the signature of a
+    CoMLRL trainer whose `__init__(*args, <names>, **kwargs)` passes the rest on to `init`."""
+    params = list(inspect.signature(init).parameters.values())
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in names]
+    return inspect.Signature([*params[:-1], *extra, params[-1]])
+
+
 def one_of(name: str, value, alias: str, alias_value):
     """The argument given under its TRL `name` or its CoMLRL `alias`; both given raise."""
     if value is not None and alias_value is not None:
@@ -263,7 +286,11 @@ def apply_model_config(model, processing_class, model_config, args, kwargs: dict
         return model, processing_class
     # Special tokens change the vocabulary: load the agents and tokenizers here, add the tokens, resize embeddings.
     shared_base = isinstance(kwargs.get("peft_config"), PeftConfig) and isinstance(model, (str, os.PathLike))
-    models = load_agents(model, args, kwargs.get("quantization_config"), copies=not shared_base)
+    given = model if isinstance(model, list) else [model]
+    # An agent given with a value head (the actor-critic family) stays whole: the LM inside is resized in place.
+    inner = [split_value_model(agent)[0] for agent in given]
+    inner_model = inner if isinstance(model, list) else inner[0]
+    models = load_agents(inner_model, args, kwargs.get("quantization_config"), copies=not shared_base)
     tokenizers = load_processing_classes(processing_class, models, args)
     for tok in {id(t): t for t in tokenizers}.values():
         tok.add_special_tokens(special_tokens)
@@ -272,6 +299,8 @@ def apply_model_config(model, processing_class, model_config, args, kwargs: dict
             agent.resize_token_embeddings(len(tok))
     if shared_base:
         return models[0], tokenizers[0]
+    if len(given) == len(models):
+        models = [agent if lm is loaded else loaded for agent, lm, loaded in zip(given, inner, models)]
     return models, tokenizers if len({id(t) for t in tokenizers}) > 1 else tokenizers[0]
 
 

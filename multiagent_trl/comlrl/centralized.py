@@ -56,13 +56,12 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
         args: CentralizedMAGRPOConfig | None = None,
         **kwargs,
     ):
-        args = args if args is not None else self.default_config_cls()
-        if getattr(args, "collaboration_mode", None) != "centralized":
+        if args is not None and getattr(args, "collaboration_mode", None) != "centralized":
             raise ValueError(
                 f"CentralizedMAGRPOTrainer needs a CentralizedMAGRPOConfig (`collaboration_mode='centralized'`), got "
                 f"{type(args).__name__}."
             )
-        if args.num_turns != 1:
+        if args is not None and args.num_turns != 1:
             raise ValueError(f"`num_turns` must be 1 for centralized MAGRPO (single-turn only), got {args.num_turns}.")
         if centralized_adapter is None:
             raise TypeError(
@@ -70,7 +69,6 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
                 "(CoMLRL's <agent_i>...</agent_i> protocol) or your own with `build_prompt` and `parse_completion`."
             )
         check_adapter(centralized_adapter)
+        self.centralized_comparator_adapter = centralized_adapter
         roles = dict(agents=agents, tokenizer=tokenizer, reward_func=reward_func, formatters=formatters)
-        roles["num_agents"] = num_agents
-        args = self.centralize(centralized_adapter, args, roles, kwargs)
-        super().__init__(**roles, args=args, **kwargs)
+        super().__init__(num_agents=num_agents, args=args, **roles, **kwargs)

@@ -249,24 +249,31 @@ def map_shared(config, device_counts: dict[str, int]) -> dict:
     return given
 
 
-def confirm_devices(config, given: dict) -> None:
-    """After the core's checks: with `parallel_training="none"` a CoMLRL device field may only name the device
-    Accelerate uses anyway."""
-    for name, spec in given.items() if config.parallel_training == "none" else ():
-        check_accelerate_device(name, spec, config.device)
-
-
-def check_accelerate_device(name: str, spec, device: torch.device) -> None:
-    """With `parallel_training="none"` a CoMLRL device field may only name the device Accelerate uses anyway."""
-    if spec is None or (isinstance(spec, str) and spec.lower() == "auto"):
-        return
-    specs = [spec] if isinstance(spec, str) else list(spec)
-    if any(torch.device(s) != device for s in specs):
+def buffer_steps(config) -> tuple[int, int]:
+    """CoMLRL's buffer: `(rollout_buffer_size, rows per optimizer step)`, the step `train_batch_size` (None: the whole
+    buffer); a buffer that the steps do not divide raises (here each buffer is TRL's `steps_per_generation` steps)."""
+    buffer = config.rollout_buffer_size
+    per_step = min(config.comlrl_train_batch_size or buffer, buffer)
+    if buffer % per_step != 0:
         raise ValueError(
-            f"`{name}={spec!r}` with `parallel_training='none'`: here Accelerate places every agent on the process's "
-            f"device ({device}). Set `parallel_training='mp'` to put each agent on its own device, or choose the "
-            "device with CUDA_VISIBLE_DEVICES / `accelerate launch`."
+            f"`rollout_buffer_size={buffer}` must be a multiple of `train_batch_size={per_step}`: each buffer is "
+            "split into equal optimizer steps here (TRL's steps_per_generation)."
         )
+    return buffer, per_step
+
+
+def confirm_devices(config, given: dict) -> None:
+    """After the core's checks: with `parallel_training="none"` a CoMLRL device field (`given`: name -> value as
+    given) may only name the device Accelerate uses anyway."""
+    for name, spec in given.items() if config.parallel_training == "none" else ():
+        if spec is None or (isinstance(spec, str) and spec.lower() == "auto"):
+            continue
+        if any(torch.device(s) != config.device for s in ([spec] if isinstance(spec, str) else list(spec))):
+            raise ValueError(
+                f"`{name}={spec!r}` with `parallel_training='none'`: here Accelerate places every agent on the "
+                f"process's device ({config.device}). Set `parallel_training='mp'` to put each agent on its own "
+                "device, or choose the device with CUDA_VISIBLE_DEVICES / `accelerate launch`."
+            )
 
 
 def comlrl_config(family: str):

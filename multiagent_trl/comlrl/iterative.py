@@ -1,15 +1,6 @@
 """CoMLRL 1.4.3's `MADPOIterConfig`/`MADPOIterTrainer` translated onto the native `MultiAgentIterativeDPOConfig`/
-`MultiAgentIterativeDPOTrainer`: an iteration is a round (a Trainer epoch; its pairs drawn `rollout_buffer_size`
-items at a time), trained by `Trainer.train` on the round's pairs in batches of `train_batch_size` pairs
-(`pair_batch_size`), `num_train_epochs` passes (`pair_passes`).
-
-```diff
--from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer
-+from multiagent_trl import MADPOIterConfig, MADPOIterTrainer
-```
-
-`docs/comlrl-users.md` (MADPOIter) maps every field and lists the deliberate differences from CoMLRL.
-"""
+`MultiAgentIterativeDPOTrainer`: an iteration is a round (a Trainer epoch); docs/comlrl-users.md ("MADPOIter") maps
+every field and lists the deliberate differences from CoMLRL."""
 
 from __future__ import annotations
 
@@ -24,33 +15,10 @@ from .preference import MADPOConfig, MADPOTrainer
 
 @dataclass
 class MADPOIterConfig(IterativePreferenceFields, MADPOConfig, MultiAgentIterativeDPOConfig):
-    r"""
-    `MADPOConfig` with CoMLRL 1.4.3's iterative fields (`MADPOIterConfig`), defaults and checks, mapped onto
-    `MultiAgentIterativeDPOConfig`'s round fields (the table in `docs/comlrl-users.md`, MADPOIter).
-
-    Parameters:
-        num_iterations (`int`, *optional*, defaults to `6`):
-            Pair-refresh iterations: the rounds (`num_train_epochs` of the native trainer, while training).
-        num_train_epochs (`1`), train_batch_size (`None`: `rollout_buffer_size`):
-            Passes over an iteration's training pairs (`pair_passes`) and pairs per update (`pair_batch_size`).
-        preference_num_candidates (`20`), comparator_num_candidates (`None`: K), preference_pairs_per_sample (`4`):
-            K (`num_generations`), K' (`comparator_num_generations`) and the pairs kept per item.
-        pair_selection (`str`, defaults to `"comparator_reward"`):
-            `"comparator_reward"`, `"reward_gap"`, `"random"` or `"all"` (see `preference.replay.comparison_pairs`).
-        preference_replay_mode (`str`, defaults to `"current"`):
-            The native `replay_mode` (CoMLRL's aliases accepted); `preference_replay_k`, `preference_replay_lambda`,
-            `preference_replay_sample_size` and `preference_replay_dir` are `replay_k`, `replay_lambda`,
-            `replay_sample_size` and `replay_dir` (the shards go to `output_dir/preference_replay` by default).
-        log_reward_distribution (`bool`, defaults to `False`): reward distribution metrics per iteration (needs
-            `reward_func.reward_range`).
-        policy_checkpoint_dir (`str`, *optional*): save the agents after each iteration there (and the initial ones).
-        comparator_policy (`str`, defaults to `"current"`): `"current"` or `"current_copy"`; `"model"`, `"history"`
-            and `"api"` raise `NotImplementedError`.
-
-    CoMLRL's other comparator fields (`comparator_generation_mode`, `comparator_centralized_agent_index`,
-    `comparator_model_name`, `comparator_agents`, `comparator_devices`, `comparator_history_k`, and the HTTP
-    comparator's `comparator_api_*`) are accepted with CoMLRL's defaults and checks.
-    """
+    """`MADPOConfig` with CoMLRL 1.4.3's iterative fields (`IterativePreferenceFields`), defaults and checks, mapped
+    onto `MultiAgentIterativeDPOConfig`'s round fields: `num_iterations` rounds, `num_train_epochs` passes over a
+    round's pairs (`pair_passes`) in batches of `train_batch_size` pairs (`pair_batch_size`), the `preference_replay_*`
+    fields as `replay_*` (docs/comlrl-users.md, "MADPOIter", has the table)."""
 
     output_dir: str | None = field(default="madpo_iter_output", metadata={"help": "Where outputs go."})
     num_train_epochs: float = field(default=1, metadata={"help": "Passes over an iteration's training pairs."})
@@ -92,6 +60,8 @@ class MADPOIterTrainer(MADPOTrainer, MultiAgentIterativeDPOTrainer):
         self.num_iterations = 1  # TRL's meaning (updates per generation batch); CoMLRL's is `args.num_iterations`
         self.trained_pairs = 0
         save_rounds(self)
+
+    __init__.__signature__ = MADPOTrainer.__init__.__signature__
 
     def train(
         self,

@@ -1,31 +1,19 @@
-"""CoMLRL compatibility for MARLHF: `MARLHFConfig`/`MARLHFTrainer` with CoMLRL 1.4.3's names, arguments, defaults
-and checks, translated onto the native reward-model stage (`preference.rlhf.RewardModelStage`: pairs ranked by the
-task reward, the `JointRewardModel` trained on them, the online reward, saved in checkpoints and restored on resume).
-Online, `rl_algorithm` in the MAGRPO family trains MAGRPO's port (`reinforce.MAGRPOTrainer`, its `advantage_mode`);
-with `"iac"`/`"maac"`, `MARLHFTrainer(...)` builds the stage on the IAC/MAAC translation instead (`MARLHFIACTrainer`/
-`MARLHFMAACTrainer`, as the native `ActorCriticRLHFTrainer` is on `ActorCriticTrainer`), configured by
-`args.actor_critic_config()`. Either way `train()` is one `Trainer.train`, the reward-model stage first.
-
-```diff
--from comlrl.trainers.preference import MARLHFConfig, MARLHFTrainer
-+from multiagent_trl.comlrl import MARLHFConfig, MARLHFTrainer
-```
-
-The steps, the actor-critic back-ends, centralized collaboration and every deliberate difference from CoMLRL, with
-its reason, are in docs/preference.md ("MARLHF") and docs/comlrl-users.md.
-"""
+"""CoMLRL 1.4.3's `MARLHFConfig`/`MARLHFTrainer` translated onto the native reward-model stage
+(`preference.rlhf.RewardModelStage`), online on MAGRPO's port (`reinforce.MAGRPOTrainer`) or, with `rl_algorithm=
+"iac"`/`"maac"`, on the IAC/MAAC translation (`MARLHFIACTrainer`/`MARLHFMAACTrainer`); either way `train()` is one
+`Trainer.train`, the reward-model stage first. docs/preference.md ("MARLHF") and docs/comlrl-users.md have the steps
+and every deliberate difference from CoMLRL."""
 
 from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer
 
 from ..actor_critic.config import check_hidden_dim
 from ..actor_critic.value_model import model_config_of
@@ -33,7 +21,7 @@ from ..preference.reward_model import JointRewardModel
 from ..preference.rlhf import RewardModelFields, RewardModelStage, check_reward_model_fields
 from ..rewards.joint import bind_reward
 from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
-from .behaviour import as_one_actor, comparator_adapter
+from .behaviour import as_one_actor, comparator_adapter, with_keywords
 from .fields import FAMILIES, ONLINE_CRITIC, STORED_AS, CoMLRLPreferenceFields, check_fields, comlrl_config
 from .reinforce import MAGRPOConfig, MAGRPOTrainer
 
@@ -61,33 +49,18 @@ ACTOR_CRITIC_FIELDS = (
 REWARD_STAGE_FIELDS = tuple(f.name for f in dataclass_fields(RewardModelFields) if f.name != "reward_pooling")
 # TRL/Trainer settings of the run that the online actor-critic trainer shares.
 SHARED_TRL_FIELDS = (
-    "output_dir",
-    "seed",
-    "data_seed",
-    "report_to",
-    "run_name",
-    "logging_dir",
-    "use_cpu",
-    "bf16",
-    "fp16",
-    "disable_tqdm",
-    "log_completions",
-    "shuffle_dataset",
-)
+    "output_dir", "seed", "data_seed", "report_to", "run_name", "logging_dir", "use_cpu", "bf16", "fp16",
+    "disable_tqdm", "log_completions", "shuffle_dataset",
+)  # fmt: skip
 
 
 @comlrl_config("MARLHFConfig")
 @dataclass
 class MARLHFConfig(CoMLRLPreferenceFields, MAGRPOConfig):
-    r"""
-    `MAGRPOConfig` accepting every field of CoMLRL 1.4.3's `MARLHFConfig`, with its defaults and checks: the
-    reward-model stage's fields (as `MultiAgentRLHFConfig`'s), `rl_algorithm` (the online phase: the MAGRPO family's
-    `advantage_mode`, or the actor-critic back-ends through `actor_critic_config()`), the critic fields those
-    back-ends read, and MADPO's fields that CoMLRL's MARLHF accepts and never reads. The table
-    `fields.FAMILIES["MARLHFConfig"]` (rendered in `docs/comlrl-users.md`, and each field's `--help`) says what each
-    becomes here. The defaults that differ from `MAGRPOConfig`'s are CoMLRL's MARLHF ones (`num_turns=1`,
-    `early_termination_threshold=None`); every other field is `MAGRPOConfig`'s, for the online phase.
-    """
+    """`MAGRPOConfig` accepting every field of CoMLRL 1.4.3's `MARLHFConfig`, with its defaults and checks: the
+    reward-model stage's fields, `rl_algorithm` (the online phase), the critic fields of the actor-critic back-ends
+    (`actor_critic_config()`), and MADPO's fields that CoMLRL's MARLHF never reads; the table
+    `fields.FAMILIES["MARLHFConfig"]` says what each becomes here."""
 
     output_dir: str | None = field(default="marlhf_output", metadata={"help": "Where checkpoints and logs go."})
     num_turns: int = field(default=1, metadata={"help": "Turns per episode (MARLHF: 1)."})
@@ -243,7 +216,7 @@ class MARLHFTrainer(MARLHFStage, MAGRPOTrainer):
     from CoMLRL.
     """
 
-    default_config_cls = MARLHFConfig
+    default_config_cls = config_family = MARLHFConfig
     algorithm_name = "MARLHF"
 
     def __new__(cls, *args, **kwargs):
@@ -256,57 +229,22 @@ class MARLHFTrainer(MARLHFStage, MAGRPOTrainer):
         return super().__new__(cls)
 
     def __init__(
-        self,
-        agent_model: str | None = None,
-        agents: Sequence[str | PreTrainedModel] | None = None,
-        num_agents: int = 2,
-        tokenizer: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
-        model_config: dict[str, Any] | None = None,
-        train_dataset=None,
-        eval_dataset=None,
-        reward_func: Callable | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        formatters: Callable | Sequence[Callable] | None = None,
-        external_transition: Callable | None = None,
-        wandb_config: dict[str, Any] | None = None,
-        eval_logger: Callable | None = None,
-        eval_aggregator: Callable | None = None,
-        args: MARLHFConfig | None = None,
-        *,
-        centralized_comparator_adapter: Any = None,
-        metrics_callback: Callable | None = None,
-        critic_model: Any = None,
-        critics: Any = None,
-        reward_model: JointRewardModel | None = None,
-        **kwargs,
+        self, *args, centralized_comparator_adapter=None, reward_model: JointRewardModel | None = None, **kwargs
     ):
-        args = _marlhf_config(args, self.default_config_cls)
         self.centralized_comparator_adapter = comparator_adapter(centralized_comparator_adapter)
-        given = {"metrics_callback": metrics_callback, "critic_model": critic_model, "critics": critics}
-        for name, value in given.items():
-            if value is not None:
+        for name in ("metrics_callback", "critic_model", "critics"):
+            if kwargs.pop(name, None) is not None:
                 raise ValueError(
-                    f"`{name}` serves MARLHF's actor-critic back-ends (`rl_algorithm='iac'`/`'maac'`); this "
-                    f"trainer runs `rl_algorithm={args.rl_algorithm!r}`: drop `{name}` or change `rl_algorithm`."
+                    f"`{name}` serves MARLHF's actor-critic back-ends (`rl_algorithm='iac'`/`'maac'`); this trainer "
+                    f"runs the MAGRPO family: drop `{name}` or set `rl_algorithm='iac'` or `'maac'`."
                 )
-        roles = dict(agents=agents, tokenizer=tokenizer, reward_func=reward_func, formatters=formatters)
-        roles["num_agents"] = num_agents
-        args = self.centralize(self.centralized_comparator_adapter, args, roles, kwargs)
-        super().__init__(
-            agent_model=agent_model,
-            model_config=model_config,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            reward_processor=reward_processor,
-            external_transition=external_transition,
-            wandb_config=wandb_config,
-            eval_logger=eval_logger,
-            eval_aggregator=eval_aggregator,
-            args=args,
-            **roles,
-            **kwargs,
-        )
+        super().__init__(*args, **kwargs)
         self.setup_reward_model(reward_model, None, self.model_name)
+
+    __init__.__signature__ = with_keywords(
+        MAGRPOTrainer.__init__,
+        "centralized_comparator_adapter", "metrics_callback", "critic_model", "critics", "reward_model",
+    )  # fmt: skip
 
 
 class MARLHFActorCriticStage(MARLHFStage):

@@ -1,10 +1,6 @@
-"""CoMLRL compatibility for iterative MARLHF: `MARLHFIterConfig`/`MARLHFIterTrainer` with CoMLRL 1.4.3's names,
-defaults and checks, translated onto the native iterative RLHF (`preference.iterative_rlhf.RewardModelRounds` on
-`MARLHFTrainer`): CoMLRL's iterations are the native rounds, trained by one `Trainer.train`. A CoMLRL script changes
-its import line only (`from multiagent_trl import MARLHFIterConfig, MARLHFIterTrainer`). The field mapping, the steps
-of an iteration, the logs and every deliberate difference from CoMLRL, with its reason, are in docs/comlrl-users.md
-("MARLHFIter").
-"""
+"""CoMLRL 1.4.3's `MARLHFIterConfig`/`MARLHFIterTrainer` translated onto the native iterative RLHF
+(`preference.iterative_rlhf.RewardModelRounds` on `MARLHFTrainer`): an iteration is a native round, every round one
+`Trainer.train`; docs/comlrl-users.md ("MARLHFIter") maps every field and lists the differences from CoMLRL."""
 
 from __future__ import annotations
 
@@ -85,6 +81,8 @@ class MARLHFIterTrainer(RewardModelRounds, MARLHFTrainer):
         self.comlrl_args, self.total_train_pairs = given, 0
         self.setup_reward_rounds()
         save_rounds(self)
+
+    __init__.__signature__ = MARLHFTrainer.__init__.__signature__
 
     def train(self, resume_from_checkpoint: str | bool | None = None, checkpoint_dir: str | None = None, **kwargs):
         """Every iteration, by one `Trainer.train` (`MARLHFTrainer.train`); CoMLRL's checkpoint arguments raise."""

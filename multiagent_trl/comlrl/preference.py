@@ -7,15 +7,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
 from ..preference.config import MultiAgentDPOConfig
 from ..preference.trainer import DPO_TAG_NAMES, MultiAgentDPOTrainer
-from .behaviour import as_one_actor, comparator_adapter, decay_every_parameter
+from .behaviour import as_one_actor, comparator_adapter, decay_every_parameter, with_keywords
 from .fields import (
     CoMLRLOptimization,
     CoMLRLPreferenceFields,
@@ -113,54 +110,16 @@ class MADPOTrainer(MAGRPOTrainer, MultiAgentDPOTrainer):
     `centralized_comparator_adapter` (default `TaggedCentralizedComparatorAdapter()`, checked in either mode, used
     with `collaboration_mode="centralized"`: one model, `num_agents` roles); `docs/comlrl-users.md` (MADPO)."""
 
-    default_config_cls = MADPOConfig
+    default_config_cls = config_family = MADPOConfig
     algorithm_name = "MADPO"
     _tag_names = DPO_TAG_NAMES  # TRL's class attribute, the native trainer's (MAGRPOTrainer's comes first otherwise)
     _name = "MADPO"
 
-    def __init__(
-        self,
-        agent_model: str | None = None,
-        agents: Sequence[str | PreTrainedModel] | None = None,
-        num_agents: int = 2,
-        tokenizer: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
-        model_config: dict[str, Any] | None = None,
-        train_dataset=None,
-        eval_dataset=None,
-        reward_func: Callable | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        formatters: Callable | Sequence[Callable] | None = None,
-        external_transition: Callable | None = None,
-        wandb_config: dict[str, Any] | None = None,
-        eval_logger: Callable | None = None,
-        eval_aggregator: Callable | None = None,
-        args: MADPOConfig | None = None,
-        *,
-        centralized_comparator_adapter: Any = None,
-        **kwargs,
-    ):
-        args = args if args is not None else self.default_config_cls()
-        if not isinstance(args, MADPOConfig):
-            raise TypeError(f"`args` is a {type(args).__name__}; MADPOTrainer needs a MADPOConfig.")
+    def __init__(self, *args, centralized_comparator_adapter: Any = None, **kwargs):
         self.centralized_comparator_adapter = comparator_adapter(centralized_comparator_adapter)
-        roles = dict(agents=agents, tokenizer=tokenizer, reward_func=reward_func, formatters=formatters)
-        roles["num_agents"] = num_agents
-        args = self.centralize(self.centralized_comparator_adapter, args, roles, kwargs)
-        super().__init__(
-            agent_model=agent_model,
-            model_config=model_config,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            reward_processor=reward_processor,
-            external_transition=external_transition,
-            wandb_config=wandb_config,
-            eval_logger=eval_logger,
-            eval_aggregator=eval_aggregator,
-            args=args,
-            **roles,
-            **kwargs,
-        )
+        super().__init__(*args, **kwargs)
 
+    __init__.__signature__ = with_keywords(MAGRPOTrainer.__init__, "centralized_comparator_adapter")
     get_decay_parameter_names = decay_every_parameter  # CoMLRL's AdamW decays every parameter
 
 

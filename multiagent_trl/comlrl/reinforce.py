@@ -15,7 +15,15 @@ from ..rollout.evaluation import EvalTrajectories, role_trajectories, row_logger
 from ..team.placement import resolve_devices
 from ..trainer import MultiAgentGRPOTrainer
 from .behaviour import CoMLRLBehaviour, agent_sources, apply_model_config, one_of
-from .fields import CoMLRLShared, check_fields, check_parallel, comlrl_config, confirm_devices, map_shared
+from .fields import (
+    CoMLRLShared,
+    buffer_steps,
+    check_fields,
+    check_parallel,
+    comlrl_config,
+    confirm_devices,
+    map_shared,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -84,14 +92,9 @@ class MAGRPOConfig(CoMLRLShared, MultiAgentGRPOConfig):
         self.advantage_baseline = ADVANTAGE_MODES[self.advantage_mode]
         self.scale_rewards = "group" if self.advantage_normalization else "none"
         # CoMLRL buffers rollout_buffer_size prompt groups, then takes optimizer steps of train_batch_size groups.
-        per_step = min(self.comlrl_train_batch_size or self.rollout_buffer_size, self.rollout_buffer_size)
-        if self.rollout_buffer_size % per_step != 0:
-            raise ValueError(
-                f"`rollout_buffer_size={self.rollout_buffer_size}` must be a multiple of `train_batch_size="
-                f"{per_step}`: each buffer is split into equal optimizer steps here (TRL's steps_per_generation)."
-            )
+        buffer, per_step = buffer_steps(self)
         self.per_device_train_batch_size = per_step * self.num_generations
-        self.steps_per_generation = self.rollout_buffer_size // per_step
+        self.steps_per_generation = buffer // per_step
         self.generation_batch_size = None  # TRL derives it from the two above
         if self.reference_kl_enabled:  # else `beta` keeps its value (GRPOConfig's 0.0 unless given, as TRL's name)
             self.beta = self.reference_kl_coef
@@ -134,7 +137,11 @@ class MAGRPOTrainer(CoMLRLBehaviour, MultiAgentGRPOTrainer):
         args: MAGRPOConfig | None = None,
         **kwargs,
     ):
-        args = args if args is not None else self.default_config_cls()
+        args = self.comlrl_args(args)
+        roles = dict(agents=agents, tokenizer=tokenizer, reward_func=reward_func, formatters=formatters)
+        roles["num_agents"] = num_agents
+        args = self.centralize(args, roles, kwargs)  # in centralized mode one model writes every role
+        agents, tokenizer, reward_func, formatters, num_agents = roles.values()
         model = agent_sources(agent_model, one_of("model", kwargs.pop("model", None), "agents", agents), num_agents)
         reward_funcs = one_of("reward_funcs", kwargs.pop("reward_funcs", None), "reward_func", reward_func)
         processing_class = one_of("processing_class", kwargs.pop("processing_class", None), "tokenizer", tokenizer)
