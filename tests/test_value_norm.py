@@ -68,3 +68,15 @@ def test_the_statistics_are_saved_with_each_checkpoint_and_restored_on_resume(tm
     plain = trainer_with(tmp_path, False, max_steps=2)
     with pytest.raises(ValueError, match="value_normalization"):
         plain.train(resume_from_checkpoint=checkpoint)
+
+
+def test_on_by_default_and_off_in_comlrls_layer(tmp_path):
+    """The native default standardizes each critic's targets (without it IAC and MAAC climb and fall again on the
+    tutorial task: docs/actor-critic.md); CoMLRL's configs keep CoMLRL's critic, with none."""
+    from multiagent_trl import IACConfig, MAACConfig
+
+    args = small_args(tmp_path, ActorCriticConfig, num_agents=2, num_generations=2)
+    trainer = ActorCriticTrainer(model=tiny_model_path(), reward_funcs=large_reward, args=args, train_dataset=DATASET)
+    assert args.value_normalization and len(trainer.value_normalizers) == 2
+    assert not IACConfig(report_to="none").value_normalization
+    assert not MAACConfig(report_to="none").value_normalization

@@ -59,11 +59,13 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
         advantage_normalization (`bool`, *optional*, defaults to `True`):
             Standardize each agent's advantages over its completions of the whole generation batch (gathered across
             processes; population std, at least 1e-6). `False` keeps `y - V_old`.
-        value_normalization (`bool`, *optional*, defaults to `False`):
+        value_normalization (`bool`, *optional*, defaults to `True`):
             Each critic learns its targets standardized by running statistics of the targets (moving averages of
             their mean and square, `actor_critic.value_norm.ValueNormalizer`), and its outputs are read back in the
             reward's scale for the advantages and TD targets: the critic keeps up whatever the reward's scale. The
-            statistics are saved with each checkpoint (`value_norm.pt`).
+            statistics are saved with each checkpoint (`value_norm.pt`). On by default: without it IAC and MAAC climb
+            and fall again on the tutorial task (docs/actor-critic.md); `False` is CoMLRL's critic (its layer's
+            default).
         critic_devices (`list[str]` or `None`, *optional*, defaults to `None`):
             With `agent_devices` (one process, each agent on its own device) and `critic_kind="model"`: one device per
             critic (per agent, or one for a joint critic), where the trainer puts it, in `agent_devices`' forms (one
@@ -117,7 +119,7 @@ class ActorCriticConfig(MultiAgentGRPOConfig):
         metadata={"help": "Standardize each agent's advantages over the generation batch (population std)."},
     )
     value_normalization: bool = field(
-        default=False,
+        default=True,
         metadata={"help": "Critics learn value targets standardized by running statistics (MAPPO's ValueNorm)."},
     )
     critic_devices: list[str] | None = field(

@@ -64,6 +64,7 @@ class _ActorCriticFields(CoMLRLOptimization, CoMLRLShared, ActorCriticConfig):
     early_termination_threshold: float | None = -0.2
     logging_steps: float = 1
     ended_return: str = field(default="reward", metadata={"help": "A last turn's target is its reward (CoMLRL)."})
+    value_normalization: bool = field(default=False, metadata={"help": "Standardized value targets (CoMLRL: no)."})
     reference_kl_enabled: bool = False
     reference_kl_coef: float = 0.1
     reference_devices: list[str] | None = None
