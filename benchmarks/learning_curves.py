@@ -417,10 +417,13 @@ def main(argv: list[str] | None = None) -> dict | None:
 
 
 def merged(parts: list[dict]) -> dict:
-    """Several runs' results as one (the families of each; the settings of the first)."""
-    runs = {}
+    """Several runs' results as one: every (family, library, seed) run of each (a later part's run of the same cell
+    replaces an earlier one); the settings of the first."""
+    runs: dict[str, dict[str, dict]] = {}
     for part in parts:
-        runs.update(part["runs"])
+        for family, libraries in part["runs"].items():
+            for library, seeds in libraries.items():
+                runs.setdefault(family, {}).setdefault(library, {}).update(seeds)
     return {"settings": parts[0]["settings"], "runs": runs}
 
 

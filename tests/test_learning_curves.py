@@ -51,3 +51,15 @@ def test_quick_magrpo_run_scores_held_out_prompts_at_fixed_intervals(curves, tmp
 def test_unknown_family_is_refused_with_the_choices(curves):
     with pytest.raises(ValueError, match="--families \\['ppo'\\]: unknown; choose from magrpo"):
         curves.CurveSettings(families=["ppo"])
+
+
+def test_merging_runs_keeps_every_seed_of_a_family(curves):
+    """Runs of one family made by separate commands (seeds 0 and 1, then seed 2) merge cell by cell."""
+
+    def part(seeds, final):
+        cells = {str(seed): {"points": [[0, 37.8], [800, final]]} for seed in seeds}
+        return {"settings": {"budget": 800}, "runs": {"iac": {"comlrl": dict(cells), "multiagent_trl": dict(cells)}}}
+
+    runs = curves.merged([part([0, 1], 50.0), part([2], 60.0), part([1], 70.0)])["runs"]["iac"]
+    assert sorted(runs["comlrl"]) == sorted(runs["multiagent_trl"]) == ["0", "1", "2"]
+    assert [runs["comlrl"][seed]["points"][-1][1] for seed in ("0", "1", "2")] == [50.0, 70.0, 60.0]
