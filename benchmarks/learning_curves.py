@@ -418,13 +418,14 @@ def main(argv: list[str] | None = None) -> dict | None:
 
 def merged(parts: list[dict]) -> dict:
     """Several runs' results as one: every (family, library, seed) run of each (a later part's run of the same cell
-    replaces an earlier one); the settings of the first."""
+    replaces an earlier one); the settings of the first, with every part's seeds."""
     runs: dict[str, dict[str, dict]] = {}
     for part in parts:
         for family, libraries in part["runs"].items():
             for library, seeds in libraries.items():
                 runs.setdefault(family, {}).setdefault(library, {}).update(seeds)
-    return {"settings": parts[0]["settings"], "runs": runs}
+    seeds = sorted({seed for part in parts for seed in part["settings"].get("seeds", [])})
+    return {"settings": {**parts[0]["settings"], "seeds": seeds}, "runs": runs}
 
 
 if __name__ == "__main__":

@@ -58,8 +58,11 @@ def test_merging_runs_keeps_every_seed_of_a_family(curves):
 
     def part(seeds, final):
         cells = {str(seed): {"points": [[0, 37.8], [800, final]]} for seed in seeds}
-        return {"settings": {"budget": 800}, "runs": {"iac": {"comlrl": dict(cells), "multiagent_trl": dict(cells)}}}
+        runs = {"iac": {"comlrl": dict(cells), "multiagent_trl": dict(cells)}}
+        return {"settings": {"budget": 800, "seeds": seeds}, "runs": runs}
 
-    runs = curves.merged([part([0, 1], 50.0), part([2], 60.0), part([1], 70.0)])["runs"]["iac"]
+    results = curves.merged([part([0, 1], 50.0), part([2], 60.0), part([1], 70.0)])
+    assert results["settings"]["seeds"] == [0, 1, 2]  # the figure's title counts them
+    runs = results["runs"]["iac"]
     assert sorted(runs["comlrl"]) == sorted(runs["multiagent_trl"]) == ["0", "1", "2"]
     assert [runs["comlrl"][seed]["points"][-1][1] for seed in ("0", "1", "2")] == [50.0, 70.0, 60.0]
