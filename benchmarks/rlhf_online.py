@@ -7,7 +7,14 @@ the held-out prompts with the task reward every 20 steps (`compare_comlrl.heldou
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/rlhf_online.py --seed 0 --epochs 40
     python benchmarks/rlhf_online.py --seed 0 --epochs 40 --config '{"beta": 0.04, "learning_rate": 1e-3}'
 
-`--config` overrides `MultiAgentRLHFConfig` fields (JSON). Prints each held-out point; `--json-out` keeps them.
+`--config` overrides `MultiAgentRLHFConfig` fields (JSON). `--rounds R` trains the iterative form instead
+(`MultiAgentIterativeRLHFTrainer`: R rounds of `--epochs / R` epochs, each drawing fresh pairs from the current agents
+and training the reward model on them before its online epochs; `--config` then takes its round fields too):
+
+    python benchmarks/rlhf_online.py --seed 0 --epochs 40 --rounds 8 --config '{"preference_num_candidates": 16,
+        "preference_pairs_per_sample": 64, "reward_num_train_epochs": 1, "replay_mode": "all_history"}'
+
+Prints each held-out point; `--json-out` keeps them.
 docs/benchmarks.md ("MARLHF's reward model, held out") has the runs.
 """
 
@@ -29,7 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_comlrl as shared  # noqa: E402
 from learning_curves import CurveSettings, shared_settings  # noqa: E402
 
-from multiagent_trl import MultiAgentRLHFConfig, MultiAgentRLHFTrainer  # noqa: E402
+from multiagent_trl import (  # noqa: E402
+    MultiAgentIterativeRLHFConfig,
+    MultiAgentIterativeRLHFTrainer,
+    MultiAgentRLHFConfig,
+    MultiAgentRLHFTrainer,
+)
 from multiagent_trl.testing import tiny_model_path  # noqa: E402
 
 SCORE_EVERY = 20  # optimizer steps between held-out scores
@@ -66,6 +78,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=40, help="Online epochs over the 10 prompts (80 samples each).")
     parser.add_argument("--config", default="{}", help="MultiAgentRLHFConfig fields to override (JSON).")
+    parser.add_argument("--rounds", type=int, default=0, help="Iterative RLHF: rounds of fresh pairs (0: one stage).")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
     shared.seed_everything(args.seed, 1)
@@ -83,11 +96,15 @@ def main() -> None:
             pair_selection="reward_gap", reward_model_name=path, reward_learning_rate=1e-3, reward_num_train_epochs=2,
             reward_train_batch_size=16, **shared.MATCHED_OPTIMIZER,
         )  # fmt: skip
+        config_cls, trainer_cls = MultiAgentRLHFConfig, MultiAgentRLHFTrainer
+        if args.rounds:
+            config_cls, trainer_cls = MultiAgentIterativeRLHFConfig, MultiAgentIterativeRLHFTrainer
+            fields["epochs_per_round"] = args.epochs // args.rounds
         fields.update(json.loads(args.config))
-        trainer = MultiAgentRLHFTrainer(
+        trainer = trainer_cls(
             model=[AutoModelForCausalLM.from_pretrained(path) for _ in range(2)],
             reward_funcs=shared.ScaledReward(shared.proper_length_ratio_reward),
-            args=MultiAgentRLHFConfig(**fields),
+            args=config_cls(**fields),
             train_dataset=Dataset.from_dict({"prompt": shared.TRAIN_PROMPTS}),
             processing_class=tokenizer,
             callbacks=[scores],

@@ -1,5 +1,5 @@
 """CoMLRL 1.4.3's `MARLHFIterConfig`/`MARLHFIterTrainer` translated onto the native iterative RLHF
-(`preference.iterative_rlhf.RewardModelRounds` on `MARLHFTrainer`): an iteration is a native round, every round one
+(`preference.iterative_rlhf.RewardModelRounds` on `MARLHFTrainer`): an iteration is a native round, all of them in one
 `Trainer.train`; docs/comlrl-users.md ("MARLHFIter") maps every field and lists the differences from CoMLRL."""
 
 from __future__ import annotations
