@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -712,6 +713,16 @@ def test_comlrl_special_tokens_reach_agents_given_with_value_heads(tmp_path, tin
         assert agent.model.get_input_embeddings().num_embeddings == len(tokenizer)
         carried = zip(trainer.critics[k].value_head.parameters(), agent.value_head.parameters())
         assert all(torch.equal(a, b) for a, b in carried)
+
+
+@pytest.mark.parametrize("trainer_cls, config_cls", [(IACTrainer, MAACConfig), (MAACTrainer, IACConfig)])
+def test_a_config_of_the_other_family_raises_naming_both(tmp_path, trainer_cls, config_cls):
+    args = config_cls(output_dir=str(tmp_path), report_to="none")
+    expected = (
+        f"`args` is a {config_cls.__name__}; {trainer_cls.__name__} needs a {trainer_cls.default_config_cls.__name__}"
+    )
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        trainer_cls(agent_model=tiny_model_path(), reward_func=parity_reward, args=args)
 
 
 def test_set_transition_makes_the_later_turn_prompts(tmp_path, tiny_path, prompts_dataset):

@@ -169,6 +169,7 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
     """What IAC and MAAC share: CoMLRL's constructor arguments, calls and logging on top of `ActorCriticTrainer`."""
 
     default_config_cls: type[_ActorCriticFields] = IACConfig
+    config_family: type[_ActorCriticFields] = IACConfig
     algorithm_name = "IAC"
     logprob_temperature = 1.0  # CoMLRL scores the actor's log-probabilities at temperature 1
     reinforce_each_step = True  # one policy-gradient pass per buffer, no importance ratio (CoMLRL's update)
@@ -195,11 +196,7 @@ class _CoMLRLActorCritic(CoMLRLBehaviour, ActorCriticTrainer):
         critics: Sequence[str | PreTrainedModel | CausalLMWithValueHead] | None = None,
         **kwargs,
     ):
-        args = args if args is not None else self.default_config_cls()
-        if not isinstance(args, self.default_config_cls):
-            raise TypeError(
-                f"`args` is a {type(args).__name__}; {type(self).__name__} needs a {self.default_config_cls.__name__}."
-            )
+        args = self.comlrl_args(args)
         # CoMLRL's checks, in its order.
         if reward_func is None or not callable(reward_func):
             raise ValueError("reward_func must be a callable.")
@@ -309,7 +306,7 @@ class IACTrainer(_CoMLRLActorCritic):
     agent. `save_model(dir)` writes CoMLRL's layout: `dir/agent_i/` with `agent_i/critic/`; with one agent, the
     agent in `dir/` and its critic in `dir/critic/` (or `dir/value_head.pt`)."""
 
-    default_config_cls = IACConfig
+    default_config_cls = config_family = IACConfig
     algorithm_name = "IAC"
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -335,7 +332,7 @@ class MAACTrainer(_CoMLRLActorCritic):
     """Multi-agent actor-critic with one joint critic and CoMLRL 1.4.3's `MAACTrainer` arguments (`IACTrainer`'s;
     `critics` holds one model); the critic reads the agents' text tokenized with agent 0's tokenizer."""
 
-    default_config_cls = MAACConfig
+    default_config_cls = config_family = MAACConfig
     algorithm_name = "MAAC"
     joint_tokenizer_from_agent = True
 

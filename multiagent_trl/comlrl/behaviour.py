@@ -41,12 +41,7 @@ class CoMLRLBehaviour(RunSnapshots):
 
     def comlrl_args(self, args):
         """`args`, or the class's default config when `None`; a config that is not a `config_family` raises."""
-        args = args if args is not None else self.default_config_cls()
-        if not isinstance(args, self.config_family):
-            raise TypeError(
-                f"`args` is a {type(args).__name__}; {type(self).__name__} needs a {self.config_family.__name__}."
-            )
-        return args
+        return expected_config(args, self.default_config_cls, self.config_family, type(self).__name__)
 
     def centralize(self, args, roles: dict, kwargs: dict):
         """CoMLRL's centralized setup (`args.collaboration_mode`), before the core's `__init__`. `roles` holds the
@@ -178,6 +173,15 @@ def decay_every_parameter(trainer, model) -> list[str]:
     """`Trainer.get_decay_parameter_names` as CoMLRL's AdamW has it: every parameter decays (Trainer exempts biases
     and norms)."""
     return [name for name, _ in model.named_parameters()]
+
+
+def expected_config(args, default: type, family: type, trainer: str):
+    """The config a CoMLRL trainer (named `trainer`) runs: `args`, or `default()` when `None`; anything but a
+    `family` config raises, naming both."""
+    args = args if args is not None else default()
+    if not isinstance(args, family):
+        raise TypeError(f"`args` is a {type(args).__name__}; {trainer} needs a {family.__name__}.")
+    return args
 
 
 def with_keywords(init, *names: str) -> inspect.Signature:

@@ -21,7 +21,7 @@ from ..preference.reward_model import JointRewardModel
 from ..preference.rlhf import RewardModelFields, RewardModelStage, check_reward_model_fields
 from ..rewards.joint import bind_reward
 from .actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
-from .behaviour import as_one_actor, comparator_adapter, with_keywords
+from .behaviour import as_one_actor, comparator_adapter, expected_config, with_keywords
 from .fields import FAMILIES, ONLINE_CRITIC, STORED_AS, CoMLRLPreferenceFields, check_fields, comlrl_config
 from .reinforce import MAGRPOConfig, MAGRPOTrainer
 
@@ -259,7 +259,7 @@ class MARLHFActorCriticStage(MARLHFStage):
         given = MARLHF_SIGNATURE.bind(self, *args, **kwargs)
         given.apply_defaults()
         arguments = given.arguments
-        config = self.marlhf_config = _marlhf_config(arguments["args"], MARLHFConfig)
+        config = self.marlhf_config = expected_config(arguments["args"], MARLHFConfig, MARLHFConfig, "MARLHFTrainer")
         self.centralized_comparator_adapter = comparator_adapter(arguments["centralized_comparator_adapter"])
         kwargs = arguments["kwargs"]
         for name in ("eval_logger", "eval_aggregator", "peft_config"):
@@ -312,13 +312,6 @@ class MARLHFIACTrainer(MARLHFActorCriticStage, IACTrainer):
 
 class MARLHFMAACTrainer(MARLHFActorCriticStage, MAACTrainer):
     """`MARLHFTrainer(args=MARLHFConfig(rl_algorithm="maac"))`: one joint critic (`MARLHFActorCriticStage`)."""
-
-
-def _marlhf_config(args, config_class: type) -> MARLHFConfig:
-    args = args if args is not None else config_class()
-    if not isinstance(args, MARLHFConfig):
-        raise TypeError(f"`args` is a {type(args).__name__}; MARLHFTrainer needs a MARLHFConfig.")
-    return args
 
 
 def _model_name(agent) -> str | None:
