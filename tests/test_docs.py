@@ -57,10 +57,10 @@ def test_the_api_page_lists_public_names_only():
 def test_the_comlrl_field_tables_are_generated_from_the_layers_table():
     """`docs/comlrl-users.md`'s field blocks are `multiagent_trl.comlrl.fields`' table, with the configs' defaults
     (`python docs/comlrl_fields.py` regenerates them)."""
-    from multiagent_trl.comlrl.fields import FAMILIES, render_docs
+    from multiagent_trl.comlrl.fields import FAMILIES
 
-    configs = runpy.run_path(str(ROOT / "docs" / "comlrl_fields.py"))["CONFIGS"]  # the script's own list
-    assert set(configs) == set(FAMILIES)
+    script = runpy.run_path(str(ROOT / "docs" / "comlrl_fields.py"))  # the script's own list and renderer
+    assert set(script["CONFIGS"]) == set(FAMILIES)
     text = (ROOT / "docs" / "comlrl-users.md").read_text()
     assert all(f"<!-- fields: {family} -->" in text for family in FAMILIES)
-    assert text == render_docs(text, configs)
+    assert text == script["render"](text)

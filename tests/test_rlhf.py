@@ -63,6 +63,26 @@ def test_trains_on_reward_model_scores_from_self_ranked_pairs_and_evaluates_on_t
     assert metrics["eval_reward"] == pytest.approx(metrics["eval_rewards/length_reward/mean"])
 
 
+class CountedSampling(MultiAgentRLHFTrainer):
+    """Records the rows of every `sample` call (one generation call per agent)."""
+
+    def sample(self, rows, num_generations):
+        self.sampled_rows = [*getattr(self, "sampled_rows", []), len(rows)]
+        return super().sample(rows, num_generations)
+
+
+def test_the_pair_stage_draws_a_generation_batch_of_rows_per_call(tmp_path):
+    """As training and the iterative rounds do, the pair stage generates `generation_batch_size` rows per call
+    (here 8 rows: 2 prompts of K 4 candidates), not one prompt per call (CoMLRL's loop)."""
+    trainer = CountedSampling(
+        model=tiny_model_path(), reward_funcs=length_reward, args=rlhf_args(tmp_path), train_dataset=DATASET
+    )
+    trainer.train_reward_stage()
+    assert trainer.args.generation_batch_size == 8
+    assert trainer.sampled_rows == [2, 2, 2, 2]  # the 8 prompts, 2 per call
+    assert len(trainer.preference_pairs) == 2 * len(DATASET)  # every prompt still gives its pairs
+
+
 def test_trains_the_reward_model_from_given_preference_pairs(tmp_path):
     pairs = [
         JointPreferencePair(("Say hi:", "Say hi:"), ("hello there", "hi"), ("x", "a very long answer")),

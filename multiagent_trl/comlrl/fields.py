@@ -6,8 +6,6 @@ the config pieces every CoMLRL config shares: CoMLRL's optimization defaults, it
 from __future__ import annotations
 
 import copy
-import dataclasses
-import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
@@ -146,25 +144,6 @@ def check_fields(config, family: str) -> None:
             raise ValueError(f"`{row.name}` must be {bound}, got {value}.")
         elif row.positive and value is not None and not value > 0:
             raise ValueError(f"`{row.name}` must be > 0, got {value}.")
-
-
-def fields_table(config: type) -> str:
-    """The rows of `config`'s family (`FAMILIES[config.__name__]`) as a markdown table, with `config`'s defaults."""
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
-    lines = ["| CoMLRL field | default | here | limit |", "| --- | --- | --- | --- |"]
-    for row in FAMILIES[config.__name__]:
-        limit = " / ".join(f"`{c}`" for c in row.choices) or ("" if row.minimum is None else f">= {row.minimum:g}")
-        limit = "> 0" if row.positive else limit
-        lines.append(f"| `{row.name}` | `{defaults[row.name]!r}` | {row.native} | {limit} |")
-    return "\n".join(lines)
-
-
-MARKER = re.compile(r"(<!-- fields: (\w+) -->\n)(?:.*?\n)??(<!-- /fields -->)", re.S)
-
-
-def render_docs(text: str, configs: dict[str, type]) -> str:
-    """`text` with every `<!-- fields: Name -->` ... `<!-- /fields -->` block regenerated from `configs[Name]`."""
-    return MARKER.sub(lambda m: m.group(1) + fields_table(configs[m.group(2)]) + "\n" + m.group(3), text)
 
 
 # ---------------------------------------------------------------------------------------------------- shared config

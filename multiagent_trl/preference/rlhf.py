@@ -220,8 +220,9 @@ class RewardModelStage:
         return os.path.join(output_dir, REWARD_MODEL_DIR)
 
     def train_reward_stage(self) -> None:
-        """The given pairs, or pairs drawn from the current policies and ranked by the task reward; then the reward
-        model trained on them, its summary in the first training log."""
+        """The given pairs, or pairs drawn from the current policies and ranked by the task reward (K candidates of
+        `generation_batch_size // K` prompts per generation call, as the iterative rounds draw); then the reward model
+        trained on them, its summary in the first training log."""
         args = self.args
         if self.given_preference_pairs is not None:
             self.preference_pairs = list(self.given_preference_pairs)
@@ -232,6 +233,7 @@ class RewardModelStage:
                 args.preference_num_candidates,
                 args.pair_selection,
                 args.preference_pairs_per_sample,
+                items_per_call=max(args.generation_batch_size // args.preference_num_candidates, 1),
             )
         self.fit_reward_model(self.preference_pairs)
 
