@@ -43,9 +43,15 @@ def main() -> None:
             model=[AutoModelForCausalLM.from_pretrained(path) for _ in range(2)],
             reward_funcs=shared.ScaledReward(shared.proper_length_ratio_reward),
             args=MultiAgentGRPOConfig(
-                output_dir=output_dir, num_agents=2, num_generations=args.candidates,
-                per_device_train_batch_size=args.candidates, max_completion_length=settings.max_new_tokens,
-                temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k, report_to="none",
+                output_dir=output_dir,
+                num_agents=2,
+                num_generations=args.candidates,
+                per_device_train_batch_size=args.candidates,
+                max_completion_length=settings.max_new_tokens,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                top_k=settings.top_k,
+                report_to="none",
             ),  # fmt: skip
             train_dataset=Dataset.from_dict({"prompt": shared.TRAIN_PROMPTS}),
             processing_class=AutoTokenizer.from_pretrained(path),
