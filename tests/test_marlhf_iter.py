@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -353,3 +354,18 @@ def test_the_trainer_refuses_other_configs_and_iteration_checkpoints(tmp_path):
     args = MARLHFIterConfig(output_dir=str(tmp_path), log_reward_distribution=True, report_to="none")
     with pytest.raises(ValueError, match="reward_range"):
         MARLHFIterTrainer(agent_model=tiny_model_path(), reward_func=length_reward, args=args)
+
+
+@pytest.mark.parametrize(
+    "trainer_name, config",
+    [("MARLHFIterTrainer", MARLHFConfig(report_to="none")), ("MADPOIterTrainer", MARLHFIterConfig(report_to="none"))],
+)
+def test_a_config_of_another_family_raises_naming_both(trainer_name, config):
+    import multiagent_trl
+
+    trainer_cls = getattr(multiagent_trl, trainer_name)
+    expected = f"`args` is a {type(config).__name__}; {trainer_name} needs a {trainer_cls.default_config_cls.__name__}"
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        trainer_cls(agent_model=tiny_model_path(), args=config)
+    with pytest.raises(TypeError, match=re.escape(expected)):  # CoMLRL's 15th positional argument
+        trainer_cls(tiny_model_path(), *[None] * 13, config)

@@ -19,6 +19,7 @@ from ..preference.replay import (
     check_replay_fields,
 )
 from ..rewards.joint import reward_range
+from .behaviour import expected_config
 
 # CoMLRL's iterative field -> the native round field it becomes (`IterativeRoundFields`).
 ROUND_FIELDS = {f"preference_{name}": name for name in ("replay_mode", "replay_k", "replay_lambda", "replay_dir")}
@@ -181,9 +182,9 @@ def iterative_config(trainer_cls: type, args: tuple, kwargs: dict):
     none), refused unless a `trainer_cls.default_config_cls`; with `log_reward_distribution`, the reward's range is
     checked too (`reward_bounds`), before anything loads."""
     config = kwargs.get("args", args[14] if len(args) > 14 else None)
-    expected = trainer_cls.default_config_cls
-    if config is not None and not isinstance(config, expected):
-        raise TypeError(f"`args` is a {type(config).__name__}; {trainer_cls.__name__} needs a {expected.__name__}.")
+    if config is not None:
+        expected = trainer_cls.default_config_cls
+        expected_config(config, expected, expected, trainer_cls.__name__)
     reward = kwargs.get("reward_func", kwargs.get("reward_funcs", args[7] if len(args) > 7 else None))
     reward_bounds(config is not None and config.log_reward_distribution, reward)
     return config
