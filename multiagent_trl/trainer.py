@@ -87,8 +87,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     - `_compute_loss`: each agent's own GRPO loss, one backward per agent (logged as `agent_{i}/loss`); untrained
       rows of a multi-turn batch do not count in losses that average over rows.
     - `create_optimizer`, `_clip_grad_norm`: a parameter group per agent (its learning rate) and clipping per agent.
-    - `log`, `_save`, `_load_from_checkpoint`, `_save_checkpoint`, `push_to_hub`: per-agent metrics
-      (`agent_{i}/...`), folders (`agent_{i}/`, each loadable with `from_pretrained`), atomic checkpoints, repos.
+    - `log`, `_save`, `_load_from_checkpoint`, `_load_best_model`, `_save_checkpoint`, `push_to_hub`: per-agent
+      metrics (`agent_{i}/...`), folders (`agent_{i}/`, each loadable with `from_pretrained`, and what
+      `load_best_model_at_end` loads), atomic checkpoints, repos.
 
     Which of TRL's attributes are each agent's own is listed, with the reason, in `multiagent_trl.team.views`.
 
@@ -685,6 +686,13 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         if self.is_fsdp_enabled:  # the team's state as the engine saved it (all ranks load their shards)
             return sharding.load_checkpoint(self.accelerator, self.model, resume_from_checkpoint)
         load_team_folders(self.model, resume_from_checkpoint, self.num_agents)
+
+    def _load_best_model(self) -> None:
+        # `load_best_model_at_end`: Trainer looks for one weights file in the best checkpoint and, finding none, warns
+        # and keeps the last weights. A team's are per agent (a family's critics beside them): load them as a resume.
+        if self.is_deepspeed_enabled:
+            return super()._load_best_model()
+        self._load_from_checkpoint(self.state.best_model_checkpoint)
 
     def _save_checkpoint(self, model, trial) -> None:
         # Unlike Trainer, which writes `checkpoint-N/` in place (a process killed mid-save leaves a partial folder that

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import TrainerCallback
 
 from multiagent_trl import MultiAgentGRPOTrainer
 from multiagent_trl.team.checkpointing import publishes
@@ -53,6 +54,35 @@ def test_resume_restores_every_agent_and_its_optimizer_state(tmp_path, tiny_path
         assert len(trained) == len(expected) > 0 and all(p.requires_grad for p in trained)
         for p, q in zip(expected, trained):
             torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_load_best_model_at_end_loads_every_agent_of_the_best_checkpoint(tmp_path, tiny_path, prompts_dataset, kind):
+    # `eval_num_tokens` (the tokens seen so far) grows with every step: the first checkpoint is the best.
+    args = small_args(
+        tmp_path, num_agents=2, max_steps=4, save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2,
+        load_best_model_at_end=True, metric_for_best_model="eval_num_tokens", greater_is_better=False,
+    )  # fmt: skip
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_path, reward_funcs=length_ratio, args=args, train_dataset=prompts_dataset,
+        eval_dataset=prompts_dataset.select(range(2)), peft_config=lora_config() if kind == "lora" else None,
+    )  # fmt: skip
+    weights = {}
+
+    class Snapshots(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            weights[state.global_step] = [
+                [p.detach().clone() for p in trainer.model.agent_parameters(i)] for i in range(2)
+            ]
+
+    trainer.add_callback(Snapshots())
+    trainer.train()
+    assert trainer.state.best_model_checkpoint == str(tmp_path / "out" / "checkpoint-2")
+    for i in range(2):
+        loaded = trainer.model.agent_parameters(i)
+        assert any(not torch.equal(p, q) for p, q in zip(weights[4][i], weights[2][i]))  # the steps changed them
+        for p, q in zip(loaded, weights[2][i]):
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
 def test_saves_are_published_whole_with_the_best_checkpoint_and_rotation(tmp_path, tiny_path, prompts_dataset):
