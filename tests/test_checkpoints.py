@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from multiagent_trl import MultiAgentGRPOTrainer
+from multiagent_trl import ActorCriticConfig, ActorCriticTrainer, MultiAgentGRPOTrainer
 from multiagent_trl.team.checkpointing import publishes
 
 from .conftest import free_port, length_ratio, lora_config, small_args
@@ -56,32 +56,40 @@ def test_resume_restores_every_agent_and_its_optimizer_state(tmp_path, tiny_path
             torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["full", "lora"])
+@pytest.mark.parametrize("kind", ["full", "lora", "actor-critic"])
 def test_load_best_model_at_end_loads_every_agent_of_the_best_checkpoint(tmp_path, tiny_path, prompts_dataset, kind):
     # `eval_num_tokens` (the tokens seen so far) grows with every step: the first checkpoint is the best.
-    args = small_args(
-        tmp_path, num_agents=2, max_steps=4, save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2,
+    best = dict(
+        num_agents=2, max_steps=4, save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2,
         load_best_model_at_end=True, metric_for_best_model="eval_num_tokens", greater_is_better=False,
     )  # fmt: skip
-    trainer = MultiAgentGRPOTrainer(
-        model=tiny_path, reward_funcs=length_ratio, args=args, train_dataset=prompts_dataset,
-        eval_dataset=prompts_dataset.select(range(2)), peft_config=lora_config() if kind == "lora" else None,
-    )  # fmt: skip
+    data = dict(train_dataset=prompts_dataset, eval_dataset=prompts_dataset.select(range(2)))
+    if kind == "actor-critic":
+        args = small_args(tmp_path, ActorCriticConfig, num_generations=2, per_device_train_batch_size=4, **best)
+        trainer = ActorCriticTrainer(model=tiny_path, reward_funcs=length_ratio, args=args, **data)
+    else:
+        peft_config = lora_config() if kind == "lora" else None
+        args = small_args(tmp_path, **best)
+        trainer = MultiAgentGRPOTrainer(
+            model=tiny_path, reward_funcs=length_ratio, args=args, peft_config=peft_config, **data
+        )
+
+    def trained(i: int) -> list[torch.Tensor]:  # agent i's weights, and its critic's
+        critic = trainer.critic_parameters(i) if kind == "actor-critic" else []
+        return [p.detach().clone() for p in [*trainer.model.agent_parameters(i), *critic]]
+
     weights = {}
 
     class Snapshots(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            weights[state.global_step] = [
-                [p.detach().clone() for p in trainer.model.agent_parameters(i)] for i in range(2)
-            ]
+            weights[state.global_step] = [trained(i) for i in range(2)]
 
     trainer.add_callback(Snapshots())
     trainer.train()
     assert trainer.state.best_model_checkpoint == str(tmp_path / "out" / "checkpoint-2")
     for i in range(2):
-        loaded = trainer.model.agent_parameters(i)
         assert any(not torch.equal(p, q) for p, q in zip(weights[4][i], weights[2][i]))  # the steps changed them
-        for p, q in zip(loaded, weights[2][i]):
+        for p, q in zip(trained(i), weights[2][i]):
             torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
