@@ -206,7 +206,7 @@ REPLAY_RULES = [
     (dict(replay_mode="nearest_k", replay_k=0), "`replay_k` must be at least 1"),
     (dict(replay_lambda=0.5), "`replay_lambda` is only valid with `replay_mode='lambda_decay'`"),
     (dict(replay_mode="lambda_decay", replay_lambda=1.5), r"`replay_lambda` must be in \[0, 1\]"),
-    (dict(replay_sample_size=4), "`replay_sample_size` is only valid with `replay_mode`"),
+    (dict(replay_mode="current", replay_sample_size=4), "`replay_sample_size` is only valid with `replay_mode`"),
     (dict(replay_mode="all_history", replay_sample_size=0), "`replay_sample_size` must be at least 1"),
     (dict(replay_mode="sometimes"), "`replay_mode` must be one of"),
 ]

@@ -72,8 +72,18 @@ class MultiAgentIterativeRLHFConfig(IterativeRoundFields, MultiAgentRLHFConfig):
             round uses the task reward).
 
     `preference_num_candidates` is K of a round's draw (the comparator's K' is `comparator_num_generations`, else K).
+
+    Two defaults differ from the configs this one builds on, because the tutorial task learned with them and not
+    without (docs/benchmarks.md, "Twice the budget"): `beta=0.04` (`GRPOConfig`'s is 0.0), a KL to each agent's start
+    policy, without which the team collapsed to one output in the first round; and `replay_mode="all_history"`
+    (iterative DPO's is `"current"`), the reward model trained on every round's pairs so far, without which the
+    score swung between 39 and 93 late in the run. `replay_sample_size` bounds the pairs a round replays.
     """
 
+    beta: float = field(default=0.04, metadata={"help": "KL coefficient to each agent's start policy (RLHF: 0.04)."})
+    replay_mode: str = field(
+        default="all_history", metadata={"help": "Reward-model pairs: 'all_history' (RLHF's default), 'current', ..."}
+    )
     reward_model_reset: bool = field(default=False, metadata={"help": "Each round's reward model from its start."})
     epochs_per_round: int = field(default=1, metadata={"help": "Online epochs per round (num_train_epochs: total)."})
     pair_scoring: str = field(
