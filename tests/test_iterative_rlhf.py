@@ -59,8 +59,8 @@ def shard(trainer, it: int) -> list[dict]:
 
 def test_the_defaults_keep_a_kl_to_the_start_policy_and_replay_every_round(tmp_path):
     """The settings under which iterative RLHF learned the tutorial task (docs/benchmarks.md, "Twice the budget"):
-    without the KL the team collapsed to one output in the first round; trained on the current round's pairs only,
-    its reward model let the score swing between 39 and 93 late in the run. Iterative DPO keeps its own defaults."""
+    without the KL the team collapsed (equal-length outputs) within two rounds; trained on the current round's pairs
+    only, its reward model let the score swing between 39 and 93 late in the run. Iterative DPO keeps its defaults."""
     trainer = build(tmp_path)
     assert trainer.args.beta == 0.04 and trainer.args.replay_mode == "all_history"
     assert all(view.get("ref_model") is not None for view in trainer._agent_views)  # each agent's start policy

@@ -75,9 +75,10 @@ class MultiAgentIterativeRLHFConfig(IterativeRoundFields, MultiAgentRLHFConfig):
 
     Two defaults differ from the configs this one builds on, because the tutorial task learned with them and not
     without (docs/benchmarks.md, "Twice the budget"): `beta=0.04` (`GRPOConfig`'s is 0.0), a KL to each agent's start
-    policy, without which the team collapsed to one output in the first round; and `replay_mode="all_history"`
-    (iterative DPO's is `"current"`), the reward model trained on every round's pairs so far, without which the
-    score swung between 39 and 93 late in the run. `replay_sample_size` bounds the pairs a round replays.
+    policy, without which the team collapsed (equal-length outputs) within two rounds; and
+    `replay_mode="all_history"` (iterative DPO's is `"current"`), the reward model trained on every round's pairs so
+    far, without which the score swung between 39 and 93 late in the run. `replay_sample_size` bounds the pairs a
+    round replays.
     """
 
     beta: float = field(default=0.04, metadata={"help": "KL coefficient to each agent's start policy (RLHF: 0.04)."})
