@@ -52,7 +52,7 @@ def main() -> None:
                 top_p=settings.top_p,
                 top_k=settings.top_k,
                 report_to="none",
-            ),  # fmt: skip
+            ),
             train_dataset=Dataset.from_dict({"prompt": shared.TRAIN_PROMPTS}),
             processing_class=AutoTokenizer.from_pretrained(path),
         )
