@@ -107,6 +107,9 @@ class CurveSettings:
         unknown = sorted(set(self.families) - set(FAMILIES))
         if unknown:
             raise ValueError(f"--families {unknown}: unknown; choose from {', '.join(FAMILIES)}.")
+        unknown = sorted(set(self.libraries) - set(shared.LIBRARIES))
+        if unknown:
+            raise ValueError(f"--libraries {unknown}: unknown; choose from {', '.join(shared.LIBRARIES)}.")
         if self.quick:
             self.budget, self.interval, self.seeds, self.eval_samples = 80, 40, self.seeds[:1], 4
 

@@ -53,6 +53,12 @@ def test_unknown_family_is_refused_with_the_choices(curves):
         curves.CurveSettings(families=["ppo"])
 
 
+def test_unknown_library_is_refused_with_the_choices(curves):
+    # An unknown name used to select no run at all: the harness printed an empty table and exited 0.
+    with pytest.raises(ValueError, match="--libraries \\['ours'\\]: unknown; choose from multiagent_trl, comlrl"):
+        curves.CurveSettings(libraries=["ours"])
+
+
 def test_merging_runs_keeps_every_seed_of_a_family(curves):
     """Runs of one family made by separate commands (seeds 0 and 1, then seed 2) merge cell by cell."""
 
