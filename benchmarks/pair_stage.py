@@ -1,7 +1,8 @@
-"""RLHF's pair stage (`preference.sampling.collect_preference_pairs`) on the tutorial task: K joint candidates of each
-of the 10 training prompts, drawn one prompt per `generate` call (CoMLRL's loop) against several prompts per call
-(what `MultiAgentRLHFTrainer` draws: `generation_batch_size // K` prompts), side by side in one process, alternating
-rounds; prints the median seconds of each and the ratio.
+"""RLHF's pair stage (`preference.sampling.collect_preference_pairs`) on the tutorial team
+(`compare_comlrl.ours_trainer`): K joint candidates of each of the 10 training prompts, drawn one prompt per
+`generate` call (CoMLRL's loop) against several prompts per call (what `MultiAgentRLHFTrainer` draws:
+`generation_batch_size // K` prompts), side by side in one process, alternating rounds; prints the median seconds of
+each and the ratio.
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/pair_stage.py --candidates 8 --items 1 10 --rounds 3
 """
@@ -16,13 +17,10 @@ import time
 from pathlib import Path
 
 import torch
-from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_comlrl as shared  # noqa: E402
 
-from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: E402
 from multiagent_trl.preference.sampling import collect_preference_pairs  # noqa: E402
 from multiagent_trl.testing import tiny_model_path  # noqa: E402
 
@@ -36,26 +34,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    path = tiny_model_path()
-    settings = shared.Settings()
     with tempfile.TemporaryDirectory() as output_dir:
-        trainer = MultiAgentGRPOTrainer(
-            model=[AutoModelForCausalLM.from_pretrained(path) for _ in range(2)],
-            reward_funcs=shared.ScaledReward(shared.proper_length_ratio_reward),
-            args=MultiAgentGRPOConfig(
-                output_dir=output_dir,
-                num_agents=2,
-                num_generations=args.candidates,
-                per_device_train_batch_size=args.candidates,
-                max_completion_length=settings.max_new_tokens,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                top_k=settings.top_k,
-                report_to="none",
-            ),
-            train_dataset=Dataset.from_dict({"prompt": shared.TRAIN_PROMPTS}),
-            processing_class=AutoTokenizer.from_pretrained(path),
-        )
+        settings = shared.Settings(num_generations=args.candidates)  # the tutorial team, as compare_comlrl builds it
+        trainer = shared.ours_trainer(
+            settings, tiny_model_path(), output_dir, epochs=1, seed=0, advantage_mode="mean",
+            reward=shared.proper_length_ratio_reward,
+        )  # fmt: skip
         seconds = {items: [] for items in args.items}
         for _ in range(args.rounds):
             for items in args.items:
