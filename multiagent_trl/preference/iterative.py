@@ -39,6 +39,7 @@ from .replay import (
     replay_selection,
     write_shard,
 )
+from .sampling import prompts_per_call
 from .trainer import MultiAgentDPOTrainer
 
 COMPARATORS = ("current",)  # "model" and "history" (CoMLRL's) are not built yet
@@ -250,7 +251,7 @@ class IterativeRounds:
         width = self.round_width
         comparator_width = args.comparator_num_generations or width
         rows = [dict(row) for row in self.train_dataset]
-        chunk = max(args.generation_batch_size // width, 1)
+        chunk = prompts_per_call(args.generation_batch_size, width)
         records, raw = [], ([], [])
         with self.metrics_aside():
             for start in range(0, len(rows), chunk):

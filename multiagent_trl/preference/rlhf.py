@@ -32,7 +32,7 @@ from ..trainer import MultiAgentGRPOTrainer
 from .pairs import PAIR_SELECTIONS
 from .reward_model import REWARD_POOLINGS, SPAN_POOLINGS, JointRewardModel
 from .reward_training import JointPreferencePair, summarize, train_reward_model
-from .sampling import collect_preference_pairs
+from .sampling import collect_preference_pairs, prompts_per_call
 
 logger = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ class RewardModelStage:
                 args.preference_num_candidates,
                 args.pair_selection,
                 args.preference_pairs_per_sample,
-                items_per_call=max(args.generation_batch_size // args.preference_num_candidates, 1),
+                items_per_call=prompts_per_call(args.generation_batch_size, args.preference_num_candidates),
             )
         self.fit_reward_model(self.preference_pairs)
 

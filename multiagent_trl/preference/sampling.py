@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from ..team.protocol import TeamTrainer
 
 
+def prompts_per_call(generation_batch_size: int, num_candidates: int) -> int:
+    """Prompts whose `num_candidates` candidates are generated in one call: a training generation batch's rows (at
+    least one prompt). RLHF's pair stage and the iterative rounds' draws both batch by it."""
+    return max(generation_batch_size // num_candidates, 1)
+
+
 def collect_preference_pairs(
     trainer: TeamTrainer,
     dataset,
@@ -90,4 +96,4 @@ def collect_preference_pairs(
     return pairs
 
 
-__all__ = ["collect_preference_pairs"]
+__all__ = ["collect_preference_pairs", "prompts_per_call"]
