@@ -623,6 +623,9 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         ]
 
     def create_optimizer(self, model=None):
+        # Trainer takes the parameters that require gradients: a LoRA team's adapters, frozen by PEFT in a pass under
+        # `no_grad` before `train()` (an evaluation, an adapter critic's values), would be left out.
+        self.model.keep_adapters_trainable()
         given = self.optimizer is not None  # through `optimizers=` (or built by an earlier call)
         optimizer, groups = super().create_optimizer(model), self._parameter_groups()
         if all(group.lr is None for group in groups) and (len(groups) == 1 or given):

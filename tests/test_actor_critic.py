@@ -805,7 +805,8 @@ def test_native_trainer_trains_every_actor_and_critic_parameter(tmp_path, tiny_p
     assert {g["critic"] for g in groups} == set(range(trainer.num_critics))
 
 
-def test_lora_team_with_critic_adapters_trains_and_saves(tmp_path, tiny_path, prompts_dataset):
+@pytest.mark.parametrize("evaluate_first", [False, True], ids=["train", "evaluate-then-train"])
+def test_lora_team_with_critic_adapters_trains_and_saves(tmp_path, tiny_path, prompts_dataset, evaluate_first):
     args = native_args(tmp_path, critic_kind="adapter", critic_learning_rate=2e-3)
     trainer = ActorCriticTrainer(
         model=tiny_path,
@@ -814,6 +815,8 @@ def test_lora_team_with_critic_adapters_trains_and_saves(tmp_path, tiny_path, pr
         train_dataset=prompts_dataset,
         peft_config=lora_config(),
     )
+    if evaluate_first:  # PEFT's `set_adapter` under `no_grad` froze the other adapters before the optimizer was built
+        trainer.evaluate(prompts_dataset)
     before = snapshot(trainer.model)
     trainer.train()
     trained = changed(before, trainer.model)

@@ -52,6 +52,56 @@ def test_only_the_adapters_train_and_the_reference_is_free(tmp_path, tiny_path, 
     assert logs["agent_0/kl"] > 0 and logs["agent_1/kl"] > 0
 
 
+def generate_with_the_last_agent(trainer, dataset):
+    """Agent 1 writes a completion under `no_grad`, as a user's look at the agents before training does."""
+    ids = trainer.processing_class(dataset[0]["prompt"], return_tensors="pt").input_ids
+    with trainer.model.use(1), torch.no_grad():
+        trainer.model.generate(ids, max_new_tokens=4, do_sample=False)
+
+
+def reference_pass_of_the_last_agent(trainer, dataset):
+    """Agent 1's reference log-probs (the base, its adapter disabled) under `no_grad`, as TRL's reference pass."""
+    ids = trainer.processing_class(dataset[0]["prompt"], return_tensors="pt").input_ids
+    with trainer.model.use(1), torch.no_grad(), trainer.model.disable_adapter():
+        trainer.model(input_ids=ids)
+
+
+@pytest.mark.parametrize(
+    "before_training, beta",
+    [
+        (lambda trainer, dataset: trainer.evaluate(dataset), 0.0),
+        (lambda trainer, dataset: trainer.evaluate(dataset), 0.1),
+        (generate_with_the_last_agent, 0.0),
+        (reference_pass_of_the_last_agent, 0.0),
+    ],
+    ids=["evaluate", "evaluate-beta", "generate", "reference-pass"],
+)
+def test_every_adapter_trains_after_the_team_ran_without_gradients(
+    tmp_path, tiny_path, prompts_dataset, before_training, beta
+):
+    """PEFT's `set_adapter` (and leaving `disable_adapter`) freezes the other adapters; run under `no_grad` before
+    `train()`, that left only the last agent's adapter in the optimizer, and the other agents never trained."""
+    trainer = lora_trainer(tmp_path, tiny_path, prompts_dataset, beta=beta, per_device_eval_batch_size=8)
+    before_training(trainer, prompts_dataset)
+    before = [adapters(trainer.model, i) for i in range(2)]
+    trainer.train()
+    after = [adapters(trainer.model, i) for i in range(2)]
+    for i in range(2):
+        assert all(not torch.equal(after[i][n], before[i][n]) for n in before[i]), f"agent {i} did not train"
+
+
+def test_adapters_frozen_when_the_team_is_reindexed_are_still_made_trainable(tmp_path, tiny_path, prompts_dataset):
+    """FSDP sharding replaces the parameters and the team indexes them again (`refresh_parameters`); adapters that
+    PEFT had frozen then (an evaluation before `train()`) must still be in the index that makes them trainable."""
+    team = lora_trainer(tmp_path, tiny_path, prompts_dataset).model
+    with torch.no_grad():
+        team.peft_model.set_adapter("agent_1")  # PEFT freezes agent_0's adapter
+    assert not any(p.requires_grad for p in team.agent_parameters(0))
+    team.refresh_parameters()
+    team.keep_adapters_trainable()
+    assert all(p.requires_grad for i in range(2) for p in team.agent_parameters(i))
+
+
 def test_batched_generation_matches_per_agent_generation(tmp_path, tiny_path, prompts_dataset):
     completions = {}
     for mode in ("batched", "per_agent"):

@@ -83,6 +83,9 @@ class AgentTeam(nn.Module):
         """The trainable parameters of agent `index`."""
         return [p for p in self.agents[index].parameters() if p.requires_grad]
 
+    def keep_adapters_trainable(self) -> None:
+        """Undo PEFT's freezing of agents' adapters (a LoRA team's); separate models keep what their owner froze."""
+
     def save_agent(self, index: int, directory: str, state_dict: dict | None = None, merged: bool = False) -> None:
         """Save agent `index` to `directory`, loadable with `from_pretrained` (PEFT's, for an adapter); with
         `merged=True`, an adapter agent is also saved merged into its base, to `directory/merged`."""
@@ -255,9 +258,10 @@ class LoraAgentTeam(AgentTeam):
         """Index the adapters' parameters again, after something replaced them (FSDP sharding)."""
         # Every parameter that belongs to an agent's adapter (a name component is the adapter's name): what
         # `set_requires_grad` makes trainable, kept to undo PEFT's freezing without walking the model each forward.
+        # Chosen by name, not by `requires_grad`, which PEFT may have turned off when sharding calls this.
         names = set(self.adapter_names)
         self._adapter_parameter_list = [
-            p for n, p in self.peft_model.named_parameters() if p.requires_grad and names.intersection(n.split("."))
+            p for n, p in self.peft_model.named_parameters() if names.intersection(n.split("."))
         ]
         self._agent_parameters.clear()
 
@@ -270,7 +274,9 @@ class LoraAgentTeam(AgentTeam):
         """The largest LoRA rank among the agents' adapters (what an engine serving them all must take)."""
         return max(self.peft_model.peft_config[name].r for name in self.adapter_names)
 
-    def _set_trainable(self) -> None:
+    def keep_adapters_trainable(self) -> None:
+        """Make every agent's adapter trainable again where PEFT froze it (`set_adapter`, leaving `disable_adapter`,
+        an adapter critic's pass)."""
         for p in self._adapter_parameter_list:
             if not p.requires_grad:
                 p.requires_grad_(True)
@@ -280,7 +286,7 @@ class LoraAgentTeam(AgentTeam):
         if self.peft_model.active_adapter != name:
             self.peft_model.set_adapter(name)
         if torch.is_grad_enabled():
-            self._set_trainable()
+            self.keep_adapters_trainable()
         return self.peft_model
 
     def agent_module(self) -> PeftModel:
@@ -316,7 +322,7 @@ class LoraAgentTeam(AgentTeam):
                 return self.peft_model.generate(*args, **kwargs)
         finally:
             self.peft_model.train(was_training)
-            self._set_trainable()
+            self.keep_adapters_trainable()
 
     def _agent_rows_layers(self, generate_kwargs: dict) -> list[LoraLinear] | None:
         """The LoRA layers, if `AgentRowsLora` can run this mixed batch: plain LoRA on linear layers, no adapter
@@ -356,7 +362,7 @@ class LoraAgentTeam(AgentTeam):
 
     def load_agent(self, index: int, directory: str) -> None:
         _load_adapter(self.peft_model, directory, self.adapter_names[index])
-        self._set_trainable()
+        self.keep_adapters_trainable()
 
 
 def mixed_batch_refusal(model: PeftModel) -> str | None:
