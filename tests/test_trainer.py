@@ -180,6 +180,30 @@ def test_a_users_optimizer_and_schedule_drive_every_agent(tmp_path, tiny_path, p
         assert changed(before[i], agent) == set(before[i])
 
 
+@pytest.mark.parametrize("given_optimizer", [False, True], ids=["trainers", "users"])
+def test_an_agent_left_out_of_the_optimizer_is_named_in_a_warning(
+    tmp_path, tiny_path, prompts_dataset, caplog, given_optimizer
+):
+    """An agent none of whose parameters the optimizer holds never trains: said once, when the optimizer is built,
+    naming the agent (a frozen partner may be meant; a forgotten one is lost work)."""
+    agents = [AutoModelForCausalLM.from_pretrained(tiny_path) for _ in range(2)]
+    agents[0].requires_grad_(False)
+    optimizers = (torch.optim.AdamW(agents[1].parameters(), lr=1e-3), None) if given_optimizer else (None, None)
+    trainer = MultiAgentGRPOTrainer(
+        model=agents,
+        reward_funcs=length_ratio,
+        args=small_args(tmp_path, max_steps=1),
+        train_dataset=prompts_dataset,
+        optimizers=optimizers,
+    )
+    before = [snapshot(agent) for agent in agents]
+    with caplog.at_level("WARNING", logger="multiagent_trl"):
+        trainer.train()
+    left_out = [r.getMessage() for r in caplog.records if "no parameter in the optimizer" in r.getMessage()]
+    assert len(left_out) == 1 and left_out[0].startswith("Agent 0 ")
+    assert changed(before[0], agents[0]) == set() and changed(before[1], agents[1]) == set(before[1])
+
+
 def test_a_users_schedule_and_agent_learning_rates_are_refused(tmp_path, tiny_path, prompts_dataset):
     agents = [AutoModelForCausalLM.from_pretrained(tiny_path) for _ in range(2)]
     optimizer = torch.optim.AdamW([p for agent in agents for p in agent.parameters()], lr=2e-3)

@@ -44,6 +44,24 @@ def split_by_owner(optimizer: torch.optim.Optimizer, groups: Sequence[ParameterG
     return optimizer
 
 
+def owners_left_out(optimizer: torch.optim.Optimizer, groups: Sequence[ParameterGroup]) -> list[str]:
+    """The owners in `groups` of which `optimizer` holds no parameter (none requires gradients), which therefore never
+    train, named by their tags (`"agent 0"`, `"critic 1"`).
+
+    >>> a, b = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1).requires_grad_(False)
+    >>> opt = torch.optim.AdamW(a.parameters())
+    >>> owners = [ParameterGroup(list(m.parameters()), None, "", {"agent": i}) for i, m in enumerate((a, b))]
+    >>> owners_left_out(opt, owners)
+    ['agent 1']
+    """
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return [
+        " ".join(f"{key} {value}" for key, value in group.tags.items()) or group.metric
+        for group in groups
+        if not any(id(p) in held for p in group.params)
+    ]
+
+
 def logged_losses(losses: Sequence[torch.Tensor | float], accelerator: Accelerator, accumulation: int) -> list[float]:
     """Each agent's loss of one micro-batch, as `agent_{i}/loss` logs it: on the scale of Trainer's `loss`.
 
