@@ -69,6 +69,11 @@ def train(out_dir: str, engine: str, kind: str) -> None:
     saving = dict(save_strategy="steps", save_steps=2) if checkpointing else {}
     run = f"{engine}-{kind}"
     trainer = make_trainer(out_dir, kind, run, **saving)
+    if kind == "lora":
+        # A pass without gradients before training (an evaluation's, a look at the agents) leaves PEFT's last
+        # `set_adapter` in force: agent_1's adapter alone requires gradients. Every adapter must train all the same.
+        with torch.no_grad():
+            trainer.model.peft_model.set_adapter("agent_1")
     trainer.train()
     team, accelerator = trainer.model, trainer.accelerator
     state = full_state_dict(team)  # on every rank, gathered
