@@ -198,6 +198,57 @@ def test_comparator_not_built_is_refused(tmp_path):
         small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator="model")
     with pytest.raises(ValueError, match="replay_k"):
         small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, replay_mode="nearest_k")
+    with pytest.raises(ValueError, match="only valid with `comparator='history'`"):
+        small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator_history_k=2)
+    with pytest.raises(ValueError, match="`comparator_history_k` must be at least 1"):
+        small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator="history", comparator_history_k=0)
+    config = small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator="history")
+    assert config.comparator_history_k == 1
+
+
+def fingerprint(trainer) -> float:
+    return sum(float(p.double().sum()) for p in trainer.policy_parameters())
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_history_comparator_samples_the_policy_of_k_rounds_back(tmp_path, k):
+    """Each round draws the current agents (the round's start, S_r) against the agents at the start of round
+    `max(r - k + 1, 0)` (CoMLRL's policy from k iterations ago; 1 is the round's own start), and trains on from its
+    own weights: after the draw the agents hold S_r again."""
+    trainer = build(tmp_path, rounds=3, comparator="history", comparator_history_k=k)
+    sampled, after_draw = [], []
+    sample, round_pairs_for = trainer.sample, trainer.round_pairs_for
+
+    def recording_sample(rows, num_generations):
+        sampled.append(fingerprint(trainer))
+        return sample(rows, num_generations)
+
+    def recording_round_pairs_for(epoch):
+        drawing = epoch != trainer.round_index
+        pairs = round_pairs_for(epoch)
+        if drawing:
+            after_draw.append(fingerprint(trainer))
+        return pairs
+
+    trainer.sample, trainer.round_pairs_for = recording_sample, recording_round_pairs_for
+    trainer.train()
+    # 4 prompts, 2 per generation call: a round samples (current, comparator) twice.
+    assert len(sampled) == 12
+    rounds = [sampled[4 * r : 4 * r + 4] for r in range(3)]
+    starts = [calls[0] for calls in rounds]
+    assert len(set(starts)) == 3  # the agents trained between rounds
+    for r, (current, comparator, current_again, comparator_again) in enumerate(rounds):
+        assert current == current_again == starts[r]
+        assert comparator == comparator_again == starts[max(r - k + 1, 0)]
+    assert after_draw == starts  # each round trains on from its own start
+    assert list(trainer.round_starts) == list(range(3 - k, 3))  # at most k past policies kept
+
+
+def test_the_history_comparator_refuses_to_resume(tmp_path):
+    build(tmp_path, rounds=2, comparator="history", save_strategy="steps", save_steps=2).train()
+    resumed = build(tmp_path, rounds=2, comparator="history", save_strategy="steps", save_steps=2)
+    with pytest.raises(NotImplementedError, match="does not resume from a checkpoint yet"):
+        resumed.train(resume_from_checkpoint=os.path.join(resumed.args.output_dir, "checkpoint-6"))
 
 
 REPLAY_RULES = [

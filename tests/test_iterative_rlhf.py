@@ -97,6 +97,24 @@ def test_epochs_per_round_spans_a_round_over_several_epochs(tmp_path):
     ]
 
 
+def test_the_history_comparator_draws_against_the_policy_of_k_rounds_back(tmp_path):
+    """The rounds' history comparator (`IterativeRounds`) in iterative RLHF: round r's pairs are the agents at its
+    start against the agents at the start of round r - 1 (k = 2), the first round's start before that."""
+    trainer = build(tmp_path, num_train_epochs=3, comparator="history", comparator_history_k=2)
+    sampled, sample = [], trainer.sample
+
+    def recording_sample(rows, num_generations):
+        sampled.append(sum(float(p.double().sum()) for p in trainer.policy_parameters()))
+        return sample(rows, num_generations)
+
+    trainer.sample = recording_sample
+    trainer.train()
+    assert len(sampled) == 6  # per round one generation call of both prompts, as the policy and as the comparator
+    starts = sampled[0::2]
+    assert len(set(starts)) == 3
+    assert sampled[1::2] == [starts[0], starts[0], starts[1]]
+
+
 def test_pair_scoring_reward_model_ranks_later_rounds_by_the_previous_reward_model(tmp_path):
     trainer = build(tmp_path, num_train_epochs=2, pair_scoring="reward_model", save_strategy="epoch")
     trainer.train()

@@ -13,7 +13,7 @@ import pytest
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, TrainerCallback
 
-from multiagent_trl import MADPOIterConfig, MADPOIterTrainer
+from multiagent_trl import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig
 from multiagent_trl.preference.replay import (
     ReplayShard,
     comparison_pairs,
@@ -309,7 +309,6 @@ def test_every_comlrl_field_is_accepted_with_its_default(theirs):
         (dict(preference_replay_mode="sometimes"), ValueError, "preference_replay_mode"),
         (dict(comparator_policy="model"), ValueError, "needs `comparator_model_name`"),
         (dict(comparator_policy="model", comparator_model_name="m"), NotImplementedError, "'model'"),
-        (dict(comparator_policy="history"), NotImplementedError, "'history'"),
         (dict(comparator_history_k=2), ValueError, "only valid with `comparator_policy='history'`"),
         (dict(comparator_model_name="m"), ValueError, "only valid with `comparator_policy='model'`"),
         (dict(comparator_devices="cpu"), NotImplementedError, "comparator_devices"),
@@ -401,7 +400,7 @@ def main(model_path, output_dir, comparator_policy):
 """
 
 
-@pytest.mark.parametrize("comparator", ["current", "current_copy"])
+@pytest.mark.parametrize("comparator", ["current", "current_copy", "history"])
 def test_centralized_madpo_iter_script_runs_with_only_its_imports_changed(tmp_path, monkeypatch, comparator):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
@@ -448,6 +447,18 @@ def test_centralized_madpo_iter_script_runs_with_only_its_imports_changed(tmp_pa
             trainer.centralized_collaboration.build_prompt({"prompt": p})
             for p in ["Write a title:", "Name a planet:", "Pick a word:", "Say hi:"]
         }
+
+
+def test_the_history_comparator_is_the_native_one():
+    """CoMLRL's `comparator_policy="history"` (by any of its names) runs the native rounds' history comparator, which
+    samples the agents of `comparator_history_k` rounds back (tests/test_iterative.py); the others draw as
+    "current"."""
+    config = MADPOIterConfig(comparator_policy="previous", comparator_history_k=2, report_to="none")
+    assert (config.comparator_policy, config.comparator, config.comparator_history_k) == ("history", "history", 2)
+    assert MADPOIterConfig(comparator_policy="history", report_to="none").comparator_history_k == 1
+    assert MADPOIterConfig(comparator_policy="current_copy", report_to="none").comparator == "current"
+    native = MARLHFIterConfig(comparator_policy="history", comparator_history_k=3, report_to="none").native_config()
+    assert (native.comparator, native.comparator_history_k) == ("history", 3)
 
 
 def test_centralized_madpo_iter_config_checks(tmp_path):

@@ -31,7 +31,6 @@ class MADPOIterConfig(IterativePreferenceFields, MADPOConfig, MultiAgentIterativ
     centralized_ported: ClassVar[bool] = True
 
     def __post_init__(self):
-        self.comparator = "current"  # `num_train_epochs` >= 1 is MADPOConfig's table check
         for name, native in ROUND_FIELDS.items():  # checked by CoMLRL's names first (`IterativePreferenceFields`)
             setattr(self, native, getattr(self, name))
         self.pair_batch_size = self.comlrl_train_batch_size or self.rollout_buffer_size

@@ -54,7 +54,7 @@ class IterativePreferenceFields:
     preference_replay_dir: str | None = field(default=None, metadata={"help": "Shard folder (output_dir/...)."})
     log_reward_distribution: bool = field(default=False, metadata={"help": "Reward distribution metrics."})
     policy_checkpoint_dir: str | None = field(default=None, metadata={"help": "Save the agents every iteration."})
-    comparator_policy: str = field(default="current", metadata={"help": "'current' or 'current_copy'."})
+    comparator_policy: str = field(default="current", metadata={"help": "'current', 'current_copy' or 'history'."})
     comparator_generation_mode: str = field(
         default="decentralized", metadata={"help": "'decentralized'; 'centralized' (forced) with a centralized team."}
     )
@@ -63,7 +63,7 @@ class IterativePreferenceFields:
     comparator_agents: list[str] | None = field(default=None, metadata={"help": "comparator_policy='model'."})
     comparator_devices: list[str] | str | None = field(default=None, metadata={"help": "Not supported."})
     comparator_num_candidates: int | None = field(default=None, metadata={"help": "K' (default K)."})
-    comparator_history_k: int | None = field(default=None, metadata={"help": "comparator_policy='history'."})
+    comparator_history_k: int | None = field(default=None, metadata={"help": "History: the policy k rounds back."})
     comparator_api_url: str | None = field(default=None, metadata={"help": "HTTP comparator (not supported)."})
     comparator_api_format: str = field(default="generic", metadata={"help": "HTTP comparator's format."})
     comparator_api_model: str | None = field(default=None, metadata={"help": "HTTP comparator's model."})
@@ -113,6 +113,9 @@ class IterativePreferenceFields:
             self.comparator_policy, "comparator_policy", COMPARATOR_POLICIES, COMPARATOR_POLICY_ALIASES, "current"
         )
         self.comparator_policy = policy
+        # The native comparator: "current_copy" draws as "current" does (every pair of a round is drawn before any
+        # update), and "history" is the native one.
+        self.comparator = "history" if policy == "history" else "current"
         self.comparator_generation_mode = canonical(
             self.comparator_generation_mode,
             "comparator_generation_mode",
@@ -153,10 +156,10 @@ class IterativePreferenceFields:
                 "`comparator_policy='api'` (an HTTP comparator) is not supported: multiagent_trl makes no network "
                 "calls, and its tests and CI run offline. Use `comparator_policy='current'` (or 'current_copy')."
             )
-        if policy in ("model", "history"):
+        if policy == "model":
             raise NotImplementedError(
-                f"`comparator_policy={policy!r}` is not ported yet: sampling from models other than the trained "
-                "agents. Use `comparator_policy='current'` (or 'current_copy')."
+                "`comparator_policy='model'` is not ported yet: sampling from models other than the trained agents. "
+                "Use `comparator_policy='current'`, 'current_copy' or 'history'."
             )
         if self.comparator_devices is not None:
             raise NotImplementedError(

@@ -58,7 +58,6 @@ class MARLHFIterConfig(IterativePreferenceFields, MARLHFConfig):
         for name, native in ROUND_FIELDS.items():
             setattr(config, native, getattr(self, name))
         config.pair_scoring = self.preference_scoring_reward
-        config.comparator = "current"  # "current_copy" too: every pair of a round is drawn before any update
         config.epochs_per_round = int(self.num_train_epochs)
         config.num_train_epochs = self.num_iterations * config.epochs_per_round
         config.reward_model_reset, config.num_iterations = True, 1

@@ -24,7 +24,9 @@ import math
 import os
 import random
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -42,7 +44,7 @@ from .replay import (
 from .sampling import prompts_per_call
 from .trainer import MultiAgentDPOTrainer
 
-COMPARATORS = ("current",)  # "model" and "history" (CoMLRL's) are not built yet
+COMPARATORS = ("current", "history")  # CoMLRL's "model" comparator is not built yet
 
 
 @dataclass
@@ -51,7 +53,10 @@ class IterativeRoundFields:
     mixes in `IterativeRounds` (iterative MADPO here; iterative MARLHF can take the same). A config mixes them in
     before its base config and calls `check_round_fields()` in its `__post_init__`."""
 
-    comparator: str = field(default="current", metadata={"help": "The comparator: 'current'."})
+    comparator: str = field(default="current", metadata={"help": "The comparator: 'current' or 'history'."})
+    comparator_history_k: int | None = field(
+        default=None, metadata={"help": "With comparator='history': the policy of this many rounds back (None: 1)."}
+    )
     comparator_num_generations: int | None = field(
         default=None, metadata={"help": "K', the comparator's candidates per prompt; None: num_generations."}
     )
@@ -67,8 +72,14 @@ class IterativeRoundFields:
         """Raise on a round field that is not allowed or not built, naming it."""
         if self.comparator not in COMPARATORS:
             raise NotImplementedError(
-                f"`comparator={self.comparator!r}`: only 'current' is built ('model' and 'history' are not yet)."
+                f"`comparator={self.comparator!r}`: 'current' and 'history' are built ('model' is not yet)."
             )
+        if self.comparator != "history" and self.comparator_history_k is not None:
+            raise ValueError("`comparator_history_k` is only valid with `comparator='history'`.")
+        if self.comparator == "history":
+            self.comparator_history_k = 1 if self.comparator_history_k is None else self.comparator_history_k
+            if self.comparator_history_k < 1:
+                raise ValueError(f"`comparator_history_k` must be at least 1, got {self.comparator_history_k}.")
         if self.comparator_num_generations is not None and self.comparator_num_generations < 1:
             raise ValueError(f"`comparator_num_generations` must be >= 1, got {self.comparator_num_generations}.")
         self.replay_mode, self.replay_k, self.replay_lambda, self.replay_sample_size = check_replay_fields(
@@ -86,7 +97,13 @@ class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
 
     Parameters:
         comparator (`str`, *optional*, defaults to `"current"`):
-            Who the current policy's candidates are compared with: `"current"` (another draw of the same agents).
+            Who the current policy's candidates are compared with: `"current"` (another draw of the same agents) or
+            `"history"` (the agents as they were at the start of the round `comparator_history_k - 1` rounds back,
+            the first round's start before that: CoMLRL's policy from `k` iterations ago).
+        comparator_history_k (`int` or `None`, *optional*, defaults to `None`):
+            With `comparator="history"`: how many rounds back (`None`: 1, the round's own start, which draws as
+            `"current"` does). The past weights are kept in memory (the agents' trainable parameters, on the CPU, at
+            most `comparator_history_k` copies); a run with them does not resume from a checkpoint yet.
         comparator_num_generations (`int` or `None`, *optional*, defaults to `None`):
             K', the comparator's joint candidates per prompt (`None`: `num_generations`). Pairs are index-aligned,
             so `min(K, K')` comparisons per prompt.
@@ -209,6 +226,8 @@ class IterativeRounds:
     round_records: Sequence[dict] = ()  # the round's own pairs (its shard), before the replay draw
     # Every candidate's raw reward in the round's draw, (current, comparator); empty for a reloaded round.
     round_candidate_rewards: tuple[list[float], list[float]] = ((), ())
+    # With `comparator="history"`: round index -> the agents' trainable parameters at its start (CPU copies).
+    round_starts: dict[int, list[torch.Tensor]] | None = None
 
     @property
     def epochs_per_round(self) -> int:
@@ -243,21 +262,56 @@ class IterativeRounds:
                     shards.append(ReplayShard(it, path, count))
         return shards
 
+    def policy_parameters(self) -> list[torch.nn.Parameter]:
+        """The agents' trainable parameters, agent by agent: what a past policy of the history comparator holds."""
+        return [p for i in range(self.num_agents) for p in self.model.agent_parameters(i)]
+
+    def history_weights(self, index: int) -> list[torch.Tensor]:
+        """With `comparator="history"`: record the agents' weights at round `index`'s start, forget those no later
+        round needs, and return the comparator's: the start of round `index - comparator_history_k + 1` (the first
+        round's start before that)."""
+        k = self.args.comparator_history_k
+        self.round_starts = {} if self.round_starts is None else self.round_starts
+        self.round_starts[index] = [p.detach().to("cpu", copy=True) for p in self.policy_parameters()]
+        oldest = max(index - k + 1, 0)
+        for past in [r for r in self.round_starts if r < oldest]:
+            del self.round_starts[past]
+        return self.round_starts[oldest]
+
+    @contextmanager
+    def policy_weights(self, weights: Sequence[torch.Tensor]) -> Iterator[None]:
+        """Inside the block the agents hold `weights` (`history_weights`); their own come back after it."""
+        params = self.policy_parameters()
+        own = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, w in zip(params, weights, strict=True):
+                p.copy_(w)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, w in zip(params, own, strict=True):
+                    p.copy_(w)
+
     @torch.no_grad()
-    def draw_round_pairs(self) -> list[dict[str, Any]]:
+    def draw_round_pairs(self, comparator_weights: Sequence[torch.Tensor] | None = None) -> list[dict[str, Any]]:
         """The current policy's pairs against the comparator over the whole training set (one record per pair),
-        with what the sampling records kept out of the training logs."""
+        with what the sampling records kept out of the training logs; the comparator samples with
+        `comparator_weights` in the agents (`history_weights`), or with their own (`None`)."""
         args = self.args
         width = self.round_width
         comparator_width = args.comparator_num_generations or width
         rows = [dict(row) for row in self.train_dataset]
         chunk = prompts_per_call(args.generation_batch_size, width)
         records, raw = [], ([], [])
+        past = nullcontext if comparator_weights is None else partial(self.policy_weights, comparator_weights)
         with self.metrics_aside():
             for start in range(0, len(rows), chunk):
                 items = rows[start : start + chunk]
                 current = candidate_sets(self.sample(items, width), width, self.reward_weights)
-                theirs = candidate_sets(self.sample(items, comparator_width), comparator_width, self.reward_weights)
+                with past():
+                    played = self.sample(items, comparator_width)
+                theirs = candidate_sets(played, comparator_width, self.reward_weights)
                 for mine, other in zip(current, theirs):
                     records += comparison_records(mine, other, args.pair_selection, args.preference_pairs_per_sample)
                     raw[0].extend(mine["raw"])
@@ -269,13 +323,19 @@ class IterativeRounds:
         """Draw (or, resuming, reload) round `index`'s pairs, write its shard and pick the training pairs."""
         args = self.args
         path = os.path.join(self.replay_dir, f"iteration_{index + 1:04d}.json")
+        if args.comparator == "history" and self.round_starts is None and self.state.global_step > 0:
+            raise NotImplementedError(  # resumed: the past policies were in the interrupted process's memory
+                "`comparator='history'` does not resume from a checkpoint yet: the past policies it samples are kept "
+                "in memory. Start the run again, or resume with `comparator='current'`."
+            )
         # A resumed run (steps already taken) reloads its round's shard; a fresh one draws anew over older shards.
         self.round_reloaded = os.path.exists(path) and self.round_index < 0 and self.state.global_step > 0
         if self.round_reloaded:  # resumed inside this round: its pairs are on disk
             current = load_records(ReplayShard(index + 1, path, 0))
             self.round_candidate_rewards = ([], [])
         else:
-            current = self.draw_round_pairs()
+            history = args.comparator == "history"
+            current = self.draw_round_pairs(self.history_weights(index) if history else None)
             write_shard(self.replay_dir, index + 1, current)
         train_pairs = replay_selection(
             args.replay_mode,

@@ -56,8 +56,8 @@ def check_reward_round_fields(config) -> None:
 class MultiAgentIterativeRLHFConfig(IterativeRoundFields, MultiAgentRLHFConfig):
     r"""
     Configuration for `MultiAgentIterativeRLHFTrainer`: every `MultiAgentRLHFConfig` field, the round fields of
-    `MultiAgentIterativeDPOConfig` (`comparator`, `comparator_num_generations`, `replay_mode`, `replay_k`,
-    `replay_lambda`, `replay_sample_size`, `replay_dir`), and:
+    `MultiAgentIterativeDPOConfig` (`comparator`, `comparator_history_k`, `comparator_num_generations`,
+    `replay_mode`, `replay_k`, `replay_lambda`, `replay_sample_size`, `replay_dir`), and:
 
     Parameters:
         reward_model_reset (`bool`, *optional*, defaults to `False`):
