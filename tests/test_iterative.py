@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 from datasets import Dataset
+from peft import LoraConfig
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from multiagent_trl import JointRewardModel, MultiAgentIterativeRLHFConfig, MultiAgentIterativeRLHFTrainer
@@ -193,9 +194,13 @@ def test_a_second_train_call_draws_its_rounds_anew(tmp_path):
     assert trainer.state.global_step == -(-int(round_pair_counts(trainer)[0]) // 2)
 
 
-def test_comparator_not_built_is_refused(tmp_path):
-    with pytest.raises(NotImplementedError, match="comparator"):
+def test_comparator_fields_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="`comparator` must be one of"):
+        small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator="api")
+    with pytest.raises(ValueError, match="`comparator='model'` needs `comparator_model`"):
         small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator="model")
+    with pytest.raises(ValueError, match="only valid with `comparator='model'`"):
+        small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator_model="m")
     with pytest.raises(ValueError, match="replay_k"):
         small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, replay_mode="nearest_k")
     with pytest.raises(ValueError, match="only valid with `comparator='history'`"):
@@ -216,6 +221,22 @@ def test_the_history_comparator_samples_the_policy_of_k_rounds_back(tmp_path, k)
     `max(r - k + 1, 0)` (CoMLRL's policy from k iterations ago; 1 is the round's own start), and trains on from its
     own weights: after the draw the agents hold S_r again."""
     trainer = build(tmp_path, rounds=3, comparator="history", comparator_history_k=k)
+    sampled, after_draw = recorded_draws(trainer)
+    trainer.train()
+    # 4 prompts, 2 per generation call: a round samples (current, comparator) twice.
+    assert len(sampled) == 12
+    rounds = [sampled[4 * r : 4 * r + 4] for r in range(3)]
+    starts = [calls[0] for calls in rounds]
+    assert len(set(starts)) == 3  # the agents trained between rounds
+    for r, (current, comparator, current_again, comparator_again) in enumerate(rounds):
+        assert current == current_again == starts[r]
+        assert comparator == comparator_again == starts[max(r - k + 1, 0)]
+    assert after_draw == starts  # each round trains on from its own start
+    assert list(trainer.round_starts) == list(range(3 - k, 3))  # at most k past policies kept
+
+
+def recorded_draws(trainer) -> tuple[list[float], list[float]]:
+    """Record the agents' `fingerprint` at every `sample` call and right after each round's draw."""
     sampled, after_draw = [], []
     sample, round_pairs_for = trainer.sample, trainer.round_pairs_for
 
@@ -231,17 +252,40 @@ def test_the_history_comparator_samples_the_policy_of_k_rounds_back(tmp_path, k)
         return pairs
 
     trainer.sample, trainer.round_pairs_for = recording_sample, recording_round_pairs_for
+    return sampled, after_draw
+
+
+@pytest.mark.parametrize("seeds", [(1,), (1, 2)], ids=["one-model", "one-per-agent"])
+def test_the_model_comparator_samples_the_given_models(tmp_path, seeds):
+    """`comparator="model"`: each round's comparator candidates come from `comparator_model` (its weights in the
+    agents for the draw: one model for every agent, or one per agent), and the agents train on from their own."""
+    sources = [tiny_model_path(seed=seed) for seed in seeds]
+    trainer = build(
+        tmp_path, rounds=2, comparator="model", comparator_model=sources[0] if len(seeds) == 1 else sources
+    )
+    sampled, after_draw = recorded_draws(trainer)
     trainer.train()
-    # 4 prompts, 2 per generation call: a round samples (current, comparator) twice.
-    assert len(sampled) == 12
-    rounds = [sampled[4 * r : 4 * r + 4] for r in range(3)]
-    starts = [calls[0] for calls in rounds]
-    assert len(set(starts)) == 3  # the agents trained between rounds
-    for r, (current, comparator, current_again, comparator_again) in enumerate(rounds):
-        assert current == current_again == starts[r]
-        assert comparator == comparator_again == starts[max(r - k + 1, 0)]
-    assert after_draw == starts  # each round trains on from its own start
-    assert list(trainer.round_starts) == list(range(3 - k, 3))  # at most k past policies kept
+    models = [AutoModelForCausalLM.from_pretrained(sources[i % len(sources)]) for i in range(2)]
+    theirs = sum(float(p.double().sum()) for model in models for p in model.parameters())
+    assert len(sampled) == 8 and sampled[1::2] == [pytest.approx(theirs, abs=1e-6)] * 4
+    assert sampled[0] == sampled[2] != sampled[4] == sampled[6]  # the agents' own, trained between the rounds
+    assert after_draw == sampled[0::4]
+
+
+def test_the_model_comparator_is_refused_what_it_cannot_hold(tmp_path):
+    with pytest.raises(ValueError, match="is not of agent 0's architecture"):
+        build(tmp_path, comparator="model", comparator_model=tiny_model_path("tiny-llama"))
+    with pytest.raises(ValueError, match="names 3 models for 2 agents"):
+        build(tmp_path, comparator="model", comparator_model=[tiny_model_path()] * 3)
+    with pytest.raises(NotImplementedError, match="a team of LoRA adapters cannot hold"):
+        MultiAgentIterativeDPOTrainer(
+            model=tiny_model_path(),
+            reward_funcs=length_reward,
+            args=small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator="model",
+                            comparator_model=tiny_model_path()),
+            train_dataset=Dataset.from_dict({"prompt": ["Row 0: say something."]}),
+            peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+        )  # fmt: skip
 
 
 def test_the_history_comparator_refuses_to_resume(tmp_path):

@@ -225,6 +225,29 @@ def test_training_on_a_comlrl_shard_retokenizes_its_text(tmp_path):
     assert changed(before, trainer.model)
 
 
+def test_the_model_comparator_trains_through_the_translation(tmp_path):
+    """`comparator_policy="model"` with `comparator_model_name`: its weights are loaded at construction and the
+    iteration's pairs rank the agents against that model's candidates (tests/test_iterative.py checks the draw)."""
+    config = MADPOIterConfig(
+        output_dir=str(tmp_path), num_iterations=1, num_agents=2, max_new_tokens=6, preference_num_candidates=4,
+        rollout_buffer_size=2, eval_interval=0, report_to="none", comparator_policy="model",
+        comparator_model_name=tiny_model_path(seed=1),
+    )  # fmt: skip
+    trainer = MADPOIterTrainer(
+        agent_model=tiny_model_path(),
+        num_agents=2,
+        reward_func=lambda a, b: [float(len(x) + 2 * len(y)) for x, y in zip(a, b)],
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": ["Say hi:", "Name a planet:"]}),
+    )
+    theirs = AutoModelForCausalLM.from_pretrained(tiny_model_path(seed=1))
+    assert len(trainer.comparator_model_weights) == 2 * len(list(theirs.parameters()))
+    before = snapshot(trainer.model)
+    trainer.train()
+    shard = json.loads((tmp_path / "preference_replay" / "iteration_0001.json").read_text())
+    assert shard["num_pairs"] > 0 and changed(before, trainer.model)
+
+
 class StepRecorder(TrainerCallback):
     """Every optimizer step Trainer reports, with the learning rate the scheduler gave it."""
 
@@ -308,7 +331,6 @@ def test_every_comlrl_field_is_accepted_with_its_default(theirs):
         (dict(preference_replay_mode="all_history", preference_replay_k=2), ValueError, "only valid with"),
         (dict(preference_replay_mode="sometimes"), ValueError, "preference_replay_mode"),
         (dict(comparator_policy="model"), ValueError, "needs `comparator_model_name`"),
-        (dict(comparator_policy="model", comparator_model_name="m"), NotImplementedError, "'model'"),
         (dict(comparator_history_k=2), ValueError, "only valid with `comparator_policy='history'`"),
         (dict(comparator_model_name="m"), ValueError, "only valid with `comparator_policy='model'`"),
         (dict(comparator_devices="cpu"), NotImplementedError, "comparator_devices"),
@@ -449,16 +471,22 @@ def test_centralized_madpo_iter_script_runs_with_only_its_imports_changed(tmp_pa
         }
 
 
-def test_the_history_comparator_is_the_native_one():
-    """CoMLRL's `comparator_policy="history"` (by any of its names) runs the native rounds' history comparator, which
-    samples the agents of `comparator_history_k` rounds back (tests/test_iterative.py); the others draw as
-    "current"."""
+def test_the_history_and_model_comparators_are_the_native_ones():
+    """CoMLRL's `comparator_policy="history"` and `"model"` (by any of their names) run the native rounds'
+    comparators (tests/test_iterative.py); "current_copy" draws as "current"."""
     config = MADPOIterConfig(comparator_policy="previous", comparator_history_k=2, report_to="none")
     assert (config.comparator_policy, config.comparator, config.comparator_history_k) == ("history", "history", 2)
     assert MADPOIterConfig(comparator_policy="history", report_to="none").comparator_history_k == 1
     assert MADPOIterConfig(comparator_policy="current_copy", report_to="none").comparator == "current"
     native = MARLHFIterConfig(comparator_policy="history", comparator_history_k=3, report_to="none").native_config()
     assert (native.comparator, native.comparator_history_k) == ("history", 3)
+    # "model": `comparator_agents` (one per agent), else `comparator_model_name`, as the native `comparator_model`.
+    config = MADPOIterConfig(comparator_policy="reference", comparator_model_name="m", report_to="none")
+    assert (config.comparator, config.comparator_model) == ("model", "m")
+    config = MADPOIterConfig(comparator_policy="model", comparator_agents=["a", "b"], report_to="none")
+    assert config.comparator_model == ["a", "b"]
+    native = MARLHFIterConfig(comparator_policy="model", comparator_model_name="m", report_to="none").native_config()
+    assert (native.comparator, native.comparator_model) == ("model", "m")
 
 
 def test_centralized_madpo_iter_config_checks(tmp_path):

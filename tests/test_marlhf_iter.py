@@ -313,7 +313,6 @@ def test_every_comlrl_field_is_accepted_with_its_default(theirs):
         (dict(num_iterations=0), ValueError, "num_iterations"),
         (dict(reward_num_train_epochs=0), ValueError, "reward_num_train_epochs"),
         (dict(num_generations=1), ValueError, "num_generations"),
-        (dict(comparator_policy="model", comparator_model_name="m"), NotImplementedError, "'model'"),
         (dict(comparator_policy="api", comparator_api_url="http://localhost:1"), NotImplementedError, "no network"),
         (dict(rl_algorithm="iac"), NotImplementedError, "rl_algorithm='iac'"),
         (dict(num_train_epochs=1.5), ValueError, "whole number"),

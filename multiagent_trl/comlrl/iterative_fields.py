@@ -54,13 +54,13 @@ class IterativePreferenceFields:
     preference_replay_dir: str | None = field(default=None, metadata={"help": "Shard folder (output_dir/...)."})
     log_reward_distribution: bool = field(default=False, metadata={"help": "Reward distribution metrics."})
     policy_checkpoint_dir: str | None = field(default=None, metadata={"help": "Save the agents every iteration."})
-    comparator_policy: str = field(default="current", metadata={"help": "'current', 'current_copy' or 'history'."})
+    comparator_policy: str = field(default="current", metadata={"help": "'current', 'current_copy', 'history', ..."})
     comparator_generation_mode: str = field(
         default="decentralized", metadata={"help": "'decentralized'; 'centralized' (forced) with a centralized team."}
     )
     comparator_centralized_agent_index: int = field(default=0, metadata={"help": "Centralized comparator's agent."})
-    comparator_model_name: str | None = field(default=None, metadata={"help": "comparator_policy='model' (raises)."})
-    comparator_agents: list[str] | None = field(default=None, metadata={"help": "comparator_policy='model'."})
+    comparator_model_name: str | None = field(default=None, metadata={"help": "comparator_policy='model': its model."})
+    comparator_agents: list[str] | None = field(default=None, metadata={"help": "'model': one model per agent."})
     comparator_devices: list[str] | str | None = field(default=None, metadata={"help": "Not supported."})
     comparator_num_candidates: int | None = field(default=None, metadata={"help": "K' (default K)."})
     comparator_history_k: int | None = field(default=None, metadata={"help": "History: the policy k rounds back."})
@@ -114,8 +114,10 @@ class IterativePreferenceFields:
         )
         self.comparator_policy = policy
         # The native comparator: "current_copy" draws as "current" does (every pair of a round is drawn before any
-        # update), and "history" is the native one.
-        self.comparator = "history" if policy == "history" else "current"
+        # update); "history" and "model" are the native ones (the latter from `comparator_agents`, one per agent,
+        # or `comparator_model_name`).
+        self.comparator = policy if policy in ("history", "model") else "current"
+        self.comparator_model = (self.comparator_agents or self.comparator_model_name) if policy == "model" else None
         self.comparator_generation_mode = canonical(
             self.comparator_generation_mode,
             "comparator_generation_mode",
@@ -154,12 +156,7 @@ class IterativePreferenceFields:
         if policy == "api":
             raise NotImplementedError(
                 "`comparator_policy='api'` (an HTTP comparator) is not supported: multiagent_trl makes no network "
-                "calls, and its tests and CI run offline. Use `comparator_policy='current'` (or 'current_copy')."
-            )
-        if policy == "model":
-            raise NotImplementedError(
-                "`comparator_policy='model'` is not ported yet: sampling from models other than the trained agents. "
-                "Use `comparator_policy='current'`, 'current_copy' or 'history'."
+                "calls, and its tests and CI run offline. Use 'current', 'current_copy', 'history' or 'model'."
             )
         if self.comparator_devices is not None:
             raise NotImplementedError(

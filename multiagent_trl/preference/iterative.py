@@ -30,8 +30,10 @@ from functools import partial
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, TrainerCallback
 
+from ..team.modules import LoraAgentTeam
 from .config import MultiAgentDPOConfig
 from .replay import (
     ReplayShard,
@@ -44,7 +46,7 @@ from .replay import (
 from .sampling import prompts_per_call
 from .trainer import MultiAgentDPOTrainer
 
-COMPARATORS = ("current", "history")  # CoMLRL's "model" comparator is not built yet
+COMPARATORS = ("current", "history", "model")
 
 
 @dataclass
@@ -53,9 +55,12 @@ class IterativeRoundFields:
     mixes in `IterativeRounds` (iterative MADPO here; iterative MARLHF can take the same). A config mixes them in
     before its base config and calls `check_round_fields()` in its `__post_init__`."""
 
-    comparator: str = field(default="current", metadata={"help": "The comparator: 'current' or 'history'."})
+    comparator: str = field(default="current", metadata={"help": "The comparator: 'current', 'history' or 'model'."})
     comparator_history_k: int | None = field(
         default=None, metadata={"help": "With comparator='history': the policy of this many rounds back (None: 1)."}
+    )
+    comparator_model: list[str] | None = field(
+        default=None, metadata={"help": "With comparator='model': a model id or path, or one per agent."}
     )
     comparator_num_generations: int | None = field(
         default=None, metadata={"help": "K', the comparator's candidates per prompt; None: num_generations."}
@@ -71,11 +76,14 @@ class IterativeRoundFields:
     def check_round_fields(self) -> None:
         """Raise on a round field that is not allowed or not built, naming it."""
         if self.comparator not in COMPARATORS:
-            raise NotImplementedError(
-                f"`comparator={self.comparator!r}`: 'current' and 'history' are built ('model' is not yet)."
-            )
+            raise ValueError(f"`comparator` must be one of {list(COMPARATORS)}, got {self.comparator!r}.")
         if self.comparator != "history" and self.comparator_history_k is not None:
             raise ValueError("`comparator_history_k` is only valid with `comparator='history'`.")
+        if (self.comparator == "model") != (self.comparator_model is not None):
+            raise ValueError(
+                "`comparator='model'` needs `comparator_model` (a model id or path, or one per agent), and "
+                "`comparator_model` is only valid with `comparator='model'`."
+            )
         if self.comparator == "history":
             self.comparator_history_k = 1 if self.comparator_history_k is None else self.comparator_history_k
             if self.comparator_history_k < 1:
@@ -104,6 +112,11 @@ class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
             With `comparator="history"`: how many rounds back (`None`: 1, the round's own start, which draws as
             `"current"` does). The past weights are kept in memory (the agents' trainable parameters, on the CPU, at
             most `comparator_history_k` copies); a run with them does not resume from a checkpoint yet.
+        comparator_model (`str`, `list[str]` or `None`, *optional*, defaults to `None`):
+            With `comparator="model"`: the model whose candidates each agent's are compared with, an id or path (one
+            for every agent, or one per agent), of the agent's architecture and tokenizer (another checkpoint of the
+            same model, say the one training started from). Loaded at construction, its weights kept on the CPU and
+            put into the agent for the comparator's draw; a team of full models only (not LoRA adapters).
         comparator_num_generations (`int` or `None`, *optional*, defaults to `None`):
             K', the comparator's joint candidates per prompt (`None`: `num_generations`). Pairs are index-aligned,
             so `min(K, K')` comparisons per prompt.
@@ -228,6 +241,8 @@ class IterativeRounds:
     round_candidate_rewards: tuple[list[float], list[float]] = ((), ())
     # With `comparator="history"`: round index -> the agents' trainable parameters at its start (CPU copies).
     round_starts: dict[int, list[torch.Tensor]] | None = None
+    # With `comparator="model"`: the comparator models' weights, aligned with `comparator_parameters()` (CPU).
+    comparator_model_weights: list[torch.Tensor] | None = None
 
     @property
     def epochs_per_round(self) -> int:
@@ -266,6 +281,45 @@ class IterativeRounds:
         """The agents' trainable parameters, agent by agent: what a past policy of the history comparator holds."""
         return [p for i in range(self.num_agents) for p in self.model.agent_parameters(i)]
 
+    def comparator_parameters(self) -> list[torch.nn.Parameter]:
+        """What the comparator's draw replaces: the agents' trainable parameters (`"history"`), or every parameter
+        of every agent (`"model"`)."""
+        if self.args.comparator != "model":
+            return self.policy_parameters()
+        return [p for agent in self.model.agents for p in agent.parameters()]
+
+    def setup_comparator(self) -> None:
+        """With `comparator="model"`: load `comparator_model` once per agent and keep its weights on the CPU, in the
+        order of `comparator_parameters()`; a model that is not of the agent's architecture raises, naming it."""
+        args = self.args
+        if args.comparator != "model":
+            return
+        if isinstance(self.model, LoraAgentTeam) or any(isinstance(a, PeftModel) for a in self.model.agents):
+            raise NotImplementedError(
+                "`comparator='model'` swaps a model's weights into the agents for the comparator's draw, which a team "
+                "of LoRA adapters cannot hold: use full models, or `comparator='history'` (the adapters of earlier "
+                "rounds)."
+            )
+        sources = args.comparator_model
+        sources = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+        sources = sources * self.num_agents if len(sources) == 1 else sources
+        if len(sources) != self.num_agents:
+            raise ValueError(
+                f"`comparator_model` names {len(sources)} models for {self.num_agents} agents: give one for every "
+                "agent, or one per agent."
+            )
+        weights = []
+        for i, (agent, source) in enumerate(zip(self.model.agents, sources)):
+            loaded = dict(AutoModelForCausalLM.from_pretrained(str(source), dtype=agent.dtype).named_parameters())
+            for name, p in agent.named_parameters():
+                if name not in loaded or loaded[name].shape != p.shape:
+                    raise ValueError(
+                        f"`comparator_model` {source!r} is not of agent {i}'s architecture (its parameter {name!r} "
+                        "is missing or of another shape): name another checkpoint of the agent's model."
+                    )
+                weights.append(loaded[name].detach().to("cpu", copy=True))
+        self.comparator_model_weights = weights
+
     def history_weights(self, index: int) -> list[torch.Tensor]:
         """With `comparator="history"`: record the agents' weights at round `index`'s start, forget those no later
         round needs, and return the comparator's: the start of round `index - comparator_history_k + 1` (the first
@@ -279,9 +333,10 @@ class IterativeRounds:
         return self.round_starts[oldest]
 
     @contextmanager
-    def policy_weights(self, weights: Sequence[torch.Tensor]) -> Iterator[None]:
-        """Inside the block the agents hold `weights` (`history_weights`); their own come back after it."""
-        params = self.policy_parameters()
+    def comparator_weights(self, weights: Sequence[torch.Tensor]) -> Iterator[None]:
+        """Inside the block the agents hold `weights` (`history_weights`, `comparator_model_weights`) in their
+        `comparator_parameters()`; their own come back after it."""
+        params = self.comparator_parameters()
         own = [p.detach().clone() for p in params]
         with torch.no_grad():
             for p, w in zip(params, weights, strict=True):
@@ -297,14 +352,15 @@ class IterativeRounds:
     def draw_round_pairs(self, comparator_weights: Sequence[torch.Tensor] | None = None) -> list[dict[str, Any]]:
         """The current policy's pairs against the comparator over the whole training set (one record per pair),
         with what the sampling records kept out of the training logs; the comparator samples with
-        `comparator_weights` in the agents (`history_weights`), or with their own (`None`)."""
+        `comparator_weights` in the agents (`history_weights`, `comparator_model_weights`), or with their own
+        (`None`)."""
         args = self.args
         width = self.round_width
         comparator_width = args.comparator_num_generations or width
         rows = [dict(row) for row in self.train_dataset]
         chunk = prompts_per_call(args.generation_batch_size, width)
         records, raw = [], ([], [])
-        past = nullcontext if comparator_weights is None else partial(self.policy_weights, comparator_weights)
+        past = nullcontext if comparator_weights is None else partial(self.comparator_weights, comparator_weights)
         with self.metrics_aside():
             for start in range(0, len(rows), chunk):
                 items = rows[start : start + chunk]
@@ -334,8 +390,12 @@ class IterativeRounds:
             current = load_records(ReplayShard(index + 1, path, 0))
             self.round_candidate_rewards = ([], [])
         else:
-            history = args.comparator == "history"
-            current = self.draw_round_pairs(self.history_weights(index) if history else None)
+            weights = None  # "current": the agents' own
+            if args.comparator == "history":
+                weights = self.history_weights(index)
+            elif args.comparator == "model":
+                weights = self.comparator_model_weights
+            current = self.draw_round_pairs(weights)
             write_shard(self.replay_dir, index + 1, current)
         train_pairs = replay_selection(
             args.replay_mode,
@@ -427,6 +487,7 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
                 "processes yet. Use MultiAgentDPOTrainer for distributed runs."
             )
         self._round_cursor = (-1, 0)  # (round, pairs served in it)
+        self.setup_comparator()
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         if resume_from_checkpoint not in (None, False) and self.args.pair_batch_size is not None:

@@ -121,7 +121,8 @@ class RewardModelRounds(IterativeRounds):
     scores. The trainer calls `setup_reward_rounds()` at the end of its constructor."""
 
     def setup_reward_rounds(self) -> None:
-        """Refuse several processes, and keep the reward model's start for `reward_model_reset`."""
+        """Refuse several processes, keep the reward model's start for `reward_model_reset`, and load the comparator
+        model (`setup_comparator`)."""
         if self.accelerator.num_processes > 1:
             raise NotImplementedError(
                 f"{type(self).__name__} runs in one process for now: a round's pairs are not gathered across "
@@ -134,6 +135,7 @@ class RewardModelRounds(IterativeRounds):
             if p.requires_grad
         }
         self.reward_model_histories: list[list[dict[str, float]]] = []
+        self.setup_comparator()
 
     @property
     def round_width(self) -> int:
