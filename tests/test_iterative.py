@@ -288,11 +288,28 @@ def test_the_model_comparator_is_refused_what_it_cannot_hold(tmp_path):
         )  # fmt: skip
 
 
-def test_the_history_comparator_refuses_to_resume(tmp_path):
-    build(tmp_path, rounds=2, comparator="history", save_strategy="steps", save_steps=2).train()
-    resumed = build(tmp_path, rounds=2, comparator="history", save_strategy="steps", save_steps=2)
-    with pytest.raises(NotImplementedError, match="does not resume from a checkpoint yet"):
-        resumed.train(resume_from_checkpoint=os.path.join(resumed.args.output_dir, "checkpoint-6"))
+def test_the_history_comparator_resumes_from_the_round_starts_it_wrote(tmp_path):
+    """A run killed inside round 2 and resumed draws round 3 against round 2's start (k = 2) as the uninterrupted run
+    did: the round starts are written to `replay_dir` beside the shards, and only the k newest are kept there."""
+    settings = dict(rounds=3, comparator="history", comparator_history_k=2, save_strategy="steps", save_steps=2)
+    first = build(tmp_path, **settings)
+    sampled, _ = recorded_draws(first)
+    first.train()
+    replay = os.path.join(first.args.output_dir, "preference_replay")
+    assert sorted(n for n in os.listdir(replay) if n.startswith("round_start")) == [
+        "round_start_0002.pt",
+        "round_start_0003.pt",
+    ]
+    resumed = build(tmp_path, **settings)
+    resumed_sampled, _ = recorded_draws(resumed)
+    resumed.train(resume_from_checkpoint=os.path.join(first.args.output_dir, "checkpoint-6"))  # inside round 2
+    assert resumed.state.global_step == 12
+    # Round 2 came back from its shard; round 3 drew (current, comparator) twice, its comparator round 2's start.
+    assert len(resumed_sampled) == 4 and resumed_sampled[1] == resumed_sampled[3] == sampled[4]
+    os.remove(os.path.join(replay, "round_start_0002.pt"))
+    again = build(tmp_path, **settings)
+    with pytest.raises(FileNotFoundError, match="start of round 2"):
+        again.train(resume_from_checkpoint=os.path.join(first.args.output_dir, "checkpoint-6"))
 
 
 REPLAY_RULES = [
