@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import logging
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -54,7 +53,7 @@ from .team.checkpointing import load_team_folders, save_atomically, save_team
 from .team.folders import check_checkpoint
 from .team.loading import load_team, reference_copies
 from .team.modules import AgentTeam, LoraAgentTeam
-from .team.optim import ParameterGroup, check_finite_loss, logged_losses, owners_left_out, split_by_owner
+from .team.optim import ParameterGroup, check_finite_loss, logged_losses, split_by_owner, warn_owners_left_out
 from .team.placement import place_agents
 from .team.reference_sync import ReferenceSyncCallback
 from .team.views import (
@@ -70,8 +69,6 @@ from .team.views import (
 )
 from .tools.environments import REPLAY_STATE, TOOL_HOST_STATE, TOOL_STATE, TeamTools
 from .vllm import team_generator
-
-logger = logging.getLogger(__name__)
 
 
 class MultiAgentGRPOTrainer(GRPOTrainer):
@@ -631,12 +628,7 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         self.model.keep_adapters_trainable()
         given = self.optimizer is not None  # through `optimizers=` (or built by an earlier call)
         optimizer, groups = super().create_optimizer(model), self._parameter_groups()
-        for owner in owners_left_out(optimizer, groups):
-            logger.warning(
-                "%s has no parameter in the optimizer (none requires gradients): it will not train. Unfreeze its "
-                "parameters before `train()` if it should.",
-                owner.capitalize(),
-            )
+        warn_owners_left_out(optimizer, groups)
         if all(group.lr is None for group in groups) and (len(groups) == 1 or given):
             return optimizer  # a user's optimizer keeps its groups, which a schedule given with it indexes
         return split_by_owner(optimizer, groups)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from accelerate import Accelerator
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,22 +47,30 @@ def split_by_owner(optimizer: torch.optim.Optimizer, groups: Sequence[ParameterG
     return optimizer
 
 
-def owners_left_out(optimizer: torch.optim.Optimizer, groups: Sequence[ParameterGroup]) -> list[str]:
-    """The owners in `groups` of which `optimizer` holds no parameter (none requires gradients), which therefore never
-    train, named by their tags (`"agent 0"`, `"critic 1"`).
+def warn_owners_left_out(optimizer: torch.optim.Optimizer, groups: Sequence[ParameterGroup]) -> list[str]:
+    """Warn, once each, of the owners in `groups` of which `optimizer` holds no parameter (none requires gradients),
+    which therefore never train; returns them, named by their tags (`"agent 0"`, `"critic 1"`). A warning, not an
+    error: a frozen partner agent may be meant.
 
     >>> a, b = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1).requires_grad_(False)
     >>> opt = torch.optim.AdamW(a.parameters())
     >>> owners = [ParameterGroup(list(m.parameters()), None, "", {"agent": i}) for i, m in enumerate((a, b))]
-    >>> owners_left_out(opt, owners)
+    >>> warn_owners_left_out(opt, owners)
     ['agent 1']
     """
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    return [
+    left_out = [
         " ".join(f"{key} {value}" for key, value in group.tags.items()) or group.metric
         for group in groups
         if not any(id(p) in held for p in group.params)
     ]
+    for owner in left_out:
+        logger.warning(
+            "%s has no parameter in the optimizer (none requires gradients): it will not train. Unfreeze its "
+            "parameters before `train()` if it should.",
+            owner.capitalize(),
+        )
+    return left_out
 
 
 def logged_losses(losses: Sequence[torch.Tensor | float], accelerator: Accelerator, accumulation: int) -> list[float]:
