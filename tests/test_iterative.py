@@ -232,7 +232,9 @@ def test_the_history_comparator_samples_the_policy_of_k_rounds_back(tmp_path, k)
         assert current == current_again == starts[r]
         assert comparator == comparator_again == starts[max(r - k + 1, 0)]
     assert after_draw == starts  # each round trains on from its own start
-    assert list(trainer.round_starts) == list(range(3 - k, 3))  # at most k past policies kept
+    replay = os.path.join(trainer.args.output_dir, "preference_replay")
+    kept = sorted(name for name in os.listdir(replay) if name.startswith("round_start"))
+    assert kept == [f"round_start_{r + 1:04d}.pt" for r in range(3 - k, 3)]  # at most k past policies kept
 
 
 def recorded_draws(trainer) -> tuple[list[float], list[float]]:

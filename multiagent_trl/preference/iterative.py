@@ -111,7 +111,7 @@ class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
         comparator_history_k (`int` or `None`, *optional*, defaults to `None`):
             With `comparator="history"`: how many rounds back (`None`: 1, the round's own start, which draws as
             `"current"` does). The past weights (the agents' trainable parameters, at most `comparator_history_k`
-            copies) are kept in memory and in `replay_dir` (`round_start_XXXX.pt`), where a resumed run finds them.
+            copies) are kept in `replay_dir` (`round_start_XXXX.pt`), where a resumed run finds them too.
         comparator_model (`str`, `list[str]` or `None`, *optional*, defaults to `None`):
             With `comparator="model"`: the model whose candidates each agent's are compared with, an id or path (one
             for every agent, or one per agent), of the agent's architecture and tokenizer (another checkpoint of the
@@ -239,9 +239,6 @@ class IterativeRounds:
     round_records: Sequence[dict] = ()  # the round's own pairs (its shard), before the replay draw
     # Every candidate's raw reward in the round's draw, (current, comparator); empty for a reloaded round.
     round_candidate_rewards: tuple[list[float], list[float]] = ((), ())
-    # With `comparator="history"`: round index -> the agents' trainable parameters at its start (CPU copies; also
-    # written to `round_start_path`).
-    round_starts: dict[int, list[torch.Tensor]] | None = None
     # With `comparator="model"`: the comparator models' weights, aligned with `comparator_parameters()` (CPU).
     comparator_model_weights: list[torch.Tensor] | None = None
 
@@ -326,29 +323,26 @@ class IterativeRounds:
         return os.path.join(self.replay_dir, f"round_start_{index + 1:04d}.pt")
 
     def history_weights(self, index: int) -> list[torch.Tensor]:
-        """With `comparator="history"`: record the agents' weights at round `index`'s start (in memory and in
-        `round_start_path`, so that a resumed run finds them), forget those no later round needs, and return the
-        comparator's: the start of round `index - comparator_history_k + 1` (the first round's start before that)."""
-        k = self.args.comparator_history_k
-        starts = self.round_starts = {} if self.round_starts is None else self.round_starts
-        starts[index] = [p.detach().to("cpu", copy=True) for p in self.policy_parameters()]
+        """With `comparator="history"`: write the agents' weights at round `index`'s start to `round_start_path`
+        (where a resumed run finds them too), remove those no later round needs, and return the comparator's: the
+        start of round `index - comparator_history_k + 1` (the first round's start before that)."""
+        start = [p.detach().to("cpu", copy=True) for p in self.policy_parameters()]
         os.makedirs(self.replay_dir, exist_ok=True)
-        torch.save(starts[index], self.round_start_path(index))
-        oldest = max(index - k + 1, 0)
+        torch.save(start, self.round_start_path(index))
+        oldest = max(index - self.args.comparator_history_k + 1, 0)
         for past in range(oldest):
-            starts.pop(past, None)
             if os.path.exists(self.round_start_path(past)):
                 os.remove(self.round_start_path(past))
-        if oldest not in starts:  # a resumed run: the interrupted one wrote it
-            path = self.round_start_path(oldest)
-            if not os.path.exists(path):
-                raise FileNotFoundError(
-                    f"`comparator='history'` needs the agents as they were at the start of round {oldest + 1}, "
-                    f"which is not in {path}: resume from the run's latest checkpoint (older round starts are not "
-                    "kept), with the same `replay_dir`."
-                )
-            starts[oldest] = torch.load(path, weights_only=True)
-        return starts[oldest]
+        if oldest == index:
+            return start
+        path = self.round_start_path(oldest)  # written by an earlier round, of this run or of the one resumed
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"`comparator='history'` needs the agents as they were at the start of round {oldest + 1}, which is "
+                f"not in {path}: resume from the run's latest checkpoint (older round starts are not kept), with the "
+                "same `replay_dir`."
+            )
+        return torch.load(path, weights_only=True)
 
     @contextmanager
     def comparator_weights(self, weights: Sequence[torch.Tensor]) -> Iterator[None]:
