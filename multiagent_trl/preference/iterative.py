@@ -14,8 +14,10 @@ Everything else is Trainer's, over the whole run: one optimizer, one learning-ra
 callbacks, gradient accumulation, logging, checkpoints. Resuming inside a round reloads that round's shard (its pairs
 are not drawn again) and draws the replay sample again.
 
-Single process only for now: the round's candidates are played on each process's own prompts and the pairs would
-need gathering (`accelerate.utils.gather_object`) before the replay draw.
+With several processes (`accelerate launch`, DDP), each plays its share of the prompts, the pairs are gathered so
+that every process holds the round's pairs, the local main process writes the shard (and the history comparator's
+round start), and the main process's replay draw is every process's; each process then trains on the next pairs
+after those of the processes before it, or, with `pair_batch_size`, on every `num_processes`-th micro-batch.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from accelerate.utils import broadcast_object_list
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, TrainerCallback
 
@@ -43,7 +46,7 @@ from .replay import (
     replay_selection,
     write_shard,
 )
-from .sampling import prompts_per_call
+from .sampling import gather_in_order, process_share, prompts_per_call
 from .trainer import MultiAgentDPOTrainer
 
 COMPARATORS = ("current", "history", "model")
@@ -131,9 +134,9 @@ class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
         pair_batch_size (`int` or `None`, *optional*, defaults to `None`):
             `None`: a round's length is set by the prompts (its generation batches serve the round's pairs, cycled).
             An `int`: a round is `pair_passes` shuffled passes over its training pairs in micro-batches of this many
-            pairs, so its length follows the pairs it drew (CoMLRL's MADPOIter). Trainer sizes the run (`max_steps`,
-            the learning-rate schedule) on the most pairs a round can draw (`replay_sample_size`, else every prompt's
-            `min(K, K', preference_pairs_per_sample)`); a round that draws fewer ends early. With
+            pairs per process, so its length follows the pairs it drew (CoMLRL's MADPOIter). Trainer sizes the run
+            (`max_steps`, the learning-rate schedule) on the most pairs a round can draw (`replay_sample_size`, else
+            every prompt's `min(K, K', preference_pairs_per_sample)`); a round that draws fewer ends early. With
             `gradient_accumulation_steps > 1` a round's micro-batches are completed to whole optimizer steps with its
             first ones. Set the rounds with `num_train_epochs` (`max_steps` stays -1); resuming is not supported.
         pair_passes (`int`, *optional*, defaults to `1`):
@@ -141,7 +144,8 @@ class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
     """
 
     pair_batch_size: int | None = field(
-        default=None, metadata={"help": "Pairs per micro-batch when a round trains on its pairs; None: by prompts."}
+        default=None,
+        metadata={"help": "Pairs per micro-batch (per process) when a round trains on its pairs; None: by prompts."},
     )
     pair_passes: int = field(default=1, metadata={"help": "With pair_batch_size: passes over a round's pairs."})
 
@@ -161,14 +165,16 @@ class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
         super().__post_init__()
 
 
-def candidate_sets(level, width: int, reward_weights: torch.Tensor) -> list[dict[str, Any]]:
-    """Per row of a played `rollout.tree.Level` (`MultiAgentGRPOTrainer.sample`): each agent's prompt, its `width`
-    completions (text and token ids), the joint rewards of the aligned candidates (after the reward processor) and
-    the raw ones (the weighted sum of the reward functions)."""
+def candidate_sets(level, width: int, reward_weights: torch.Tensor, process_index: int = 0) -> list[dict[str, Any]]:
+    """Per row of a played `rollout.tree.Level` (`MultiAgentGRPOTrainer.sample`) of process `process_index`: each
+    agent's prompt, its `width` completions (text and token ids), the joint rewards of the aligned candidates (after
+    the reward processor) and the raw ones (the weighted sum of the reward functions); the level's rewards are
+    gathered over the processes, this process's rows are its `process_index`-th block."""
     nodes = len(level.nodes)
-    processed = level.joint.view(-1, width)[:nodes].tolist()
+    mine = slice(process_index * nodes, (process_index + 1) * nodes)
+    processed = level.joint.view(-1, width)[mine].tolist()
     per_func = level.rewards_per_func.to(reward_weights.device)
-    raw = (per_func * reward_weights).nansum(dim=1).view(-1, width)[:nodes].tolist()
+    raw = (per_func * reward_weights).nansum(dim=1).view(-1, width)[mine].tolist()
     out = []
     for n in range(nodes):
         rows = range(n * width, (n + 1) * width)
@@ -318,6 +324,17 @@ class IterativeRounds:
                 weights.append(loaded[name].detach().to("cpu", copy=True))
         self.comparator_model_weights = weights
 
+    @contextmanager
+    def one_writer(self) -> Iterator[bool]:
+        """Inside the block only the local main process writes (it yields whether this one does); every process
+        waits for the writes at its end. The rounds' files are the same on every process, and each node writes its
+        own copy (node-local storage works)."""
+        writes = self.accelerator.is_local_main_process
+        try:
+            yield writes
+        finally:
+            self.accelerator.wait_for_everyone()
+
     def round_start_path(self, index: int) -> str:
         """Where the history comparator keeps round `index`'s start (0-based index, 1-based name, as the shards)."""
         return os.path.join(self.replay_dir, f"round_start_{index + 1:04d}.pt")
@@ -327,12 +344,14 @@ class IterativeRounds:
         (where a resumed run finds them too), remove those no later round needs, and return the comparator's: the
         start of round `index - comparator_history_k + 1` (the first round's start before that)."""
         start = [p.detach().to("cpu", copy=True) for p in self.policy_parameters()]
-        os.makedirs(self.replay_dir, exist_ok=True)
-        torch.save(start, self.round_start_path(index))
         oldest = max(index - self.args.comparator_history_k + 1, 0)
-        for past in range(oldest):
-            if os.path.exists(self.round_start_path(past)):
-                os.remove(self.round_start_path(past))
+        with self.one_writer() as writes:  # every process holds the same agents
+            if writes:
+                os.makedirs(self.replay_dir, exist_ok=True)
+                torch.save(start, self.round_start_path(index))
+                for past in range(oldest):
+                    if os.path.exists(self.round_start_path(past)):
+                        os.remove(self.round_start_path(past))
         if oldest == index:
             return start
         path = self.round_start_path(oldest)  # written by an earlier round, of this run or of the one resumed
@@ -370,22 +389,23 @@ class IterativeRounds:
         width = self.round_width
         comparator_width = args.comparator_num_generations or width
         rows = [dict(row) for row in self.train_dataset]
-        chunk = prompts_per_call(args.generation_batch_size, width)
+        accelerator = self.accelerator
+        per_call = prompts_per_call(args.generation_batch_size, width, accelerator.num_processes)
         records, raw = [], ([], [])
         past = nullcontext if comparator_weights is None else partial(self.comparator_weights, comparator_weights)
+        rank = accelerator.process_index
         with self.metrics_aside():
-            for start in range(0, len(rows), chunk):
-                items = rows[start : start + chunk]
-                current = candidate_sets(self.sample(items, width), width, self.reward_weights)
+            for items, real in process_share(accelerator, rows, per_call):  # the rows split over the processes
+                current = candidate_sets(self.sample(items, width), width, self.reward_weights, rank)
                 with past():
                     played = self.sample(items, comparator_width)
-                theirs = candidate_sets(played, comparator_width, self.reward_weights)
-                for mine, other in zip(current, theirs):
+                theirs = candidate_sets(played, comparator_width, self.reward_weights, rank)
+                for mine, other in zip(current[:real], theirs[:real]):
                     records += comparison_records(mine, other, args.pair_selection, args.preference_pairs_per_sample)
                     raw[0].extend(mine["raw"])
                     raw[1].extend(other["raw"])
-        self.round_candidate_rewards = raw
-        return records
+        self.round_candidate_rewards = tuple(gather_in_order(accelerator, part) for part in raw)
+        return gather_in_order(accelerator, records)
 
     def _start_round(self, index: int) -> None:
         """Draw (or, resuming, reload) round `index`'s pairs, write its shard and pick the training pairs."""
@@ -403,7 +423,9 @@ class IterativeRounds:
             elif args.comparator == "model":
                 weights = self.comparator_model_weights
             current = self.draw_round_pairs(weights)
-            write_shard(self.replay_dir, index + 1, current)
+            with self.one_writer() as writes:
+                if writes:
+                    write_shard(self.replay_dir, index + 1, current)
         train_pairs = replay_selection(
             args.replay_mode,
             current,
@@ -412,6 +434,8 @@ class IterativeRounds:
             args.replay_lambda,
             args.replay_sample_size,
         )
+        if self.accelerator.num_processes > 1:  # the replay draws on Python's random, whose state each process has
+            train_pairs = broadcast_object_list([train_pairs])[0]
         if not train_pairs:
             raise ValueError(
                 f"Round {index + 1} has no preference pair: every comparison tied. Raise `num_generations`, sample "
@@ -488,11 +512,6 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
         if config is None:
             kwargs["args"] = MultiAgentIterativeDPOConfig(output_dir="madpo-iterative-output")
         super().__init__(*args, **kwargs)
-        if self.accelerator.num_processes > 1:
-            raise NotImplementedError(
-                "MultiAgentIterativeDPOTrainer runs in one process for now: a round's pairs are not gathered across "
-                "processes yet. Use MultiAgentDPOTrainer for distributed runs."
-            )
         self._round_cursor = (-1, 0)  # (round, pairs served in it)
         self.setup_comparator()
 
@@ -549,10 +568,10 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
         return len(self.train_dataset) * per_prompt
 
     def round_micro_batches(self, pairs: int) -> int:
-        """The micro-batches of a round of `pairs` training pairs (with `pair_batch_size`): `pair_passes` passes,
-        completed to whole optimizer steps."""
+        """A process's micro-batches of a round of `pairs` training pairs (with `pair_batch_size`): its share of
+        `pair_passes` passes, completed to whole optimizer steps."""
         args = self.args
-        count = args.pair_passes * -(-pairs // args.pair_batch_size)
+        count = -(-args.pair_passes * -(-pairs // args.pair_batch_size) // self.accelerator.num_processes)
         return -(-count // args.gradient_accumulation_steps) * args.gradient_accumulation_steps
 
     def get_train_dataloader(self):
@@ -561,9 +580,9 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
         return RoundPairBatches(self, self.round_micro_batches(self.most_round_pairs()))
 
     def pair_batches(self, epoch: int) -> Iterator[dict[str, Any]]:
-        """Round `epoch`'s micro-batches (with `pair_batch_size`): its training pairs (drawn on the first batch
-        asked for), `pair_passes` passes, each in a new order (the first is the round's), cut into batches of
-        `pair_batch_size` pairs."""
+        """This process's micro-batches of round `epoch` (with `pair_batch_size`): the round's training pairs (drawn
+        on the first batch asked for), `pair_passes` passes, each in a new order (the first is the round's), cut into
+        batches of `pair_batch_size` pairs, dealt to the processes in turn (cycled to `round_micro_batches`)."""
         self.model.train()  # the round's draw happens before Trainer's first training step of the round
         pairs = list(self.round_pairs_for(epoch))
         args, order = self.args, random.Random(self.args.seed + epoch)
@@ -572,9 +591,9 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
             if step:
                 order.shuffle(pairs)
             batches += [pairs[s : s + args.pair_batch_size] for s in range(0, len(pairs), args.pair_batch_size)]
-        batches += [batches[k % len(batches)] for k in range(self.round_micro_batches(len(pairs)) - len(batches))]
-        for batch in batches:
-            yield self.pair_batch(batch)
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        for k in range(self.round_micro_batches(len(pairs))):
+            yield self.pair_batch(batches[(rank + k * world) % len(batches)])
 
     def _prepare_inputs(self, generation_batch):
         if self.args.pair_batch_size is not None and self.model.training:
@@ -595,10 +614,10 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
         steps = self.args.pair_steps
         nodes = len(inputs) // self.num_generations
         slots = -(-nodes * self.args.pairs_per_prompt // steps) * steps
-        batch = []
-        for k in range(slots):  # the round's pairs in order, cycled
-            batch.append(round_pairs[(served + k) % len(round_pairs)])
-        self._round_cursor = (index, served + slots)
+        # The round's pairs in order, cycled, each process taking the next `slots` after those before it.
+        first = served + self.accelerator.process_index * slots
+        batch = [round_pairs[(first + k) % len(round_pairs)] for k in range(slots)]
+        self._round_cursor = (index, served + self.accelerator.num_processes * slots)
         weight = torch.ones(slots, device=self.accelerator.device)
         self._metrics["train"]["pairs/trained"].append(float(slots))
         return self._preference_rows([self.record_token_ids(r) for r in batch], weight)

@@ -121,13 +121,8 @@ class RewardModelRounds(IterativeRounds):
     scores. The trainer calls `setup_reward_rounds()` at the end of its constructor."""
 
     def setup_reward_rounds(self) -> None:
-        """Refuse several processes, keep the reward model's start for `reward_model_reset`, and load the comparator
-        model (`setup_comparator`)."""
-        if self.accelerator.num_processes > 1:
-            raise NotImplementedError(
-                f"{type(self).__name__} runs in one process for now: a round's pairs are not gathered across "
-                "processes yet. Use MultiAgentRLHFTrainer for distributed runs."
-            )
+        """Keep the reward model's start for `reward_model_reset`, and load the comparator model
+        (`setup_comparator`)."""
         # The reward model's start: its trainable parameters (frozen ones never change).
         self.initial_reward_state = {
             name: p.detach().to("cpu", copy=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from accelerate.utils import broadcast
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..config import MultiAgentGRPOConfig
@@ -233,7 +234,9 @@ class RewardModelStage:
                 args.preference_num_candidates,
                 args.pair_selection,
                 args.preference_pairs_per_sample,
-                items_per_call=prompts_per_call(args.generation_batch_size, args.preference_num_candidates),
+                items_per_call=prompts_per_call(
+                    args.generation_batch_size, args.preference_num_candidates, self.accelerator.num_processes
+                ),
             )
         self.fit_reward_model(self.preference_pairs)
 
@@ -249,6 +252,10 @@ class RewardModelStage:
             num_train_epochs=args.reward_num_train_epochs,
             batch_size=args.reward_train_batch_size,
         )
+        # Each process trained its own copy on the same pairs, but their random states (the batches' shuffle,
+        # dropout) part during sampling: every process takes the main process's, which is the one saved.
+        for tensor in self.reward_model.state_dict().values() if self.accelerator.num_processes > 1 else ():
+            tensor.copy_(broadcast(tensor.clone()))
         self.preference_pairs, self.reward_model_history = list(pairs), history
         self.add_metrics({key: [value] for key, value in summarize(history, len(pairs)).items()})
         return history

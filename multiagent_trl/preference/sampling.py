@@ -10,6 +10,7 @@ them by CoMLRL's selection (MARLHF's first stage), with what the sampling record
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,10 +23,35 @@ if TYPE_CHECKING:
     from ..team.protocol import TeamTrainer
 
 
-def prompts_per_call(generation_batch_size: int, num_candidates: int) -> int:
-    """Prompts whose `num_candidates` candidates are generated in one call: a training generation batch's rows (at
-    least one prompt). RLHF's pair stage and the iterative rounds' draws both batch by it."""
-    return max(generation_batch_size // num_candidates, 1)
+def prompts_per_call(generation_batch_size: int, num_candidates: int, num_processes: int = 1) -> int:
+    """Prompts whose `num_candidates` candidates one process generates in one call: its share of a training
+    generation batch (TRL's `generation_batch_size` counts every process's rows), at least one prompt. RLHF's pair
+    stage and the iterative rounds' draws both batch by it."""
+    return max(generation_batch_size // num_processes // num_candidates, 1)
+
+
+def process_share(accelerator, rows: list, items_per_call: int) -> Iterator[tuple[list, int]]:
+    """This process's share of `rows`, in calls of `items_per_call` rows: `(chunk, real)` per call, the chunk's first
+    `real` rows being its own. Every process makes the same number of calls with the same number of rows (a played
+    batch is gathered over the processes, which needs equal sizes): with several processes a short chunk is filled
+    with copies of a row, whose results the caller drops. The shares are contiguous, so results gathered in process
+    order (`gather_in_order`) keep the order of `rows`."""
+    world = accelerator.num_processes
+    share = math.ceil(len(rows) / world)
+    local = rows[accelerator.process_index * share :][:share]
+    for start in range(0, share, items_per_call):
+        chunk = local[start : start + items_per_call]
+        real = len(chunk)
+        if world > 1:
+            chunk = (chunk + [(chunk or rows)[0]] * items_per_call)[:items_per_call]
+        yield chunk, real
+
+
+def gather_in_order(accelerator, results: list) -> list:
+    """Every process's `results` (a list of picklable objects), concatenated in process order, on every process."""
+    if accelerator.num_processes == 1:
+        return results
+    return [item for part in gather_object([results]) for item in part]
 
 
 def collect_preference_pairs(
@@ -63,19 +89,13 @@ def collect_preference_pairs(
     rows = [dict(row) for row in dataset]
     if not rows:
         raise ValueError("No item to draw preference pairs from: the dataset is empty.")
-    accelerator = trainer.accelerator
-    rank, world = accelerator.process_index, accelerator.num_processes
-    local = rows[rank::world]
-    calls = math.ceil(math.ceil(len(rows) / world) / items_per_call)  # the same on every process (collectives)
+    rank = trainer.accelerator.process_index
     pairs: list[JointPreferencePair] = []
     training = trainer.model.training
     trainer.model.train()
     try:
         with trainer.metrics_aside(), torch.no_grad():
-            for c in range(calls):
-                chunk = local[c * items_per_call : (c + 1) * items_per_call]
-                real = len(chunk)
-                chunk = chunk or rows[:1]  # a process out of items plays one and keeps nothing
+            for chunk, real in process_share(trainer.accelerator, rows, items_per_call):
                 level = trainer.sample(chunk, num_candidates)
                 rewards, selected = played_pairs(level, num_candidates, rank, pair_selection, pairs_per_sample, real)
                 for n, winner, loser in selected:
@@ -90,10 +110,9 @@ def collect_preference_pairs(
                     )
     finally:
         trainer.model.train(training)
-    if world > 1:
-        pairs = [p for shard in gather_object([pairs]) for p in shard]
+    pairs = gather_in_order(trainer.accelerator, pairs)
     check_pair_set(len(pairs), len(rows), num_candidates, pair_selection)
     return pairs
 
 
-__all__ = ["collect_preference_pairs", "prompts_per_call"]
+__all__ = ["collect_preference_pairs", "gather_in_order", "process_share", "prompts_per_call"]
