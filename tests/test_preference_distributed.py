@@ -41,10 +41,11 @@ def length_reward(completions: list[str]) -> float:
     return float(len(completions[0]) + 2 * len(completions[1]))
 
 
-def test_rlhf_trains_one_reward_model_on_every_process(tmp_path):
+@pytest.mark.parametrize("kind", ["rlhf", "actor_critic_rlhf"])
+def test_rlhf_trains_one_reward_model_on_every_process(tmp_path, kind):
     """The ranks' random states part (the script seeds each its own way): each process trains its copy of the reward
     model on the gathered pairs, and every copy ends as the main process's, the one saved and resumed."""
-    ranks = run(tmp_path, "rlhf")
+    ranks = run(tmp_path, kind)
     assert ranks[0]["reward_model"] == ranks[1]["reward_model"], "the ranks score with different reward models"
     # Every process holds the pairs of both processes' prompts, in dataset order.
     assert ranks[0]["pair_prompts"] == ranks[1]["pair_prompts"]

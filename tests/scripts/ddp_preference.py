@@ -18,6 +18,8 @@ import torch
 from datasets import Dataset
 
 from multiagent_trl import (
+    ActorCriticRLHFConfig,
+    ActorCriticRLHFTrainer,
     MultiAgentIterativeRLHFConfig,
     MultiAgentIterativeRLHFTrainer,
     MultiAgentRLHFConfig,
@@ -64,6 +66,12 @@ def build(out_dir: str, kind: str):
             **common, num_generations=4, max_steps=2, preference_num_candidates=4, reward_learning_rate=1e-2
         )
         return MultiAgentRLHFTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset)
+    if kind == "actor_critic_rlhf":  # a joint critic online
+        args = ActorCriticRLHFConfig(
+            **common, num_generations=1, joint_critic=True, max_steps=2, preference_num_candidates=4,
+            reward_learning_rate=1e-2,
+        )  # fmt: skip
+        return ActorCriticRLHFTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset)
     if kind == "iterative_rlhf":
         args = MultiAgentIterativeRLHFConfig(
             **common, num_generations=4, num_train_epochs=2, max_steps=-1, steps_per_generation=2,
