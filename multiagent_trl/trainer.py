@@ -315,6 +315,12 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         with self._swap(_metrics=fresh), agent_metrics_aside(self._agent_views):
             yield fresh
 
+    def weights_changed(self) -> None:
+        """Say that the agents' weights changed outside an optimizer step (loaded from a checkpoint, or another
+        model's swapped in for a comparator's draw): with `use_vllm=True` the engines take them before their next
+        generation, which otherwise syncs only when `global_step` moved."""
+        self._vllm_step = None
+
     def add_metrics(self, metrics: dict[str, list[float]], mode: str = "train") -> None:
         """Record `metrics` (name -> values) for the next `mode` log, where each name's values are averaged with what
         else is recorded for it by then (TRL's metrics convention)."""
@@ -688,8 +694,10 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
         # Checked whole first: loading file by file would overwrite some weights before failing on a damaged file.
         self.check_checkpoint(resume_from_checkpoint)
         if self.is_fsdp_enabled:  # the team's state as the engine saved it (all ranks load their shards)
-            return sharding.load_checkpoint(self.accelerator, self.model, resume_from_checkpoint)
-        load_team_folders(self.model, resume_from_checkpoint, self.num_agents)
+            sharding.load_checkpoint(self.accelerator, self.model, resume_from_checkpoint)
+        else:
+            load_team_folders(self.model, resume_from_checkpoint, self.num_agents)
+        self.weights_changed()  # a best model loaded after the last step is not the engines' yet
 
     def _load_best_model(self) -> None:
         # `load_best_model_at_end`: Trainer looks for one weights file in the best checkpoint and, finding none, warns

@@ -22,8 +22,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: E402
+from multiagent_trl.preference.iterative import (  # noqa: E402
+    MultiAgentIterativeDPOConfig,
+    MultiAgentIterativeDPOTrainer,
+)
 from multiagent_trl.testing import tiny_model_path  # noqa: E402
 from multiagent_trl.vllm.engine import CPU_KV_CACHE_GIB, AgentSampling, check_vllm_installed  # noqa: E402
 
@@ -37,7 +42,7 @@ def length_ratio(completions1, completions2):
     return [len(b) / (1 + len(a)) for a, b in zip(completions1, completions2)]
 
 
-def vllm_args(tmp_path, **overrides):
+def vllm_args(tmp_path, config_class=MultiAgentGRPOConfig, **overrides):
     settings = dict(
         output_dir=str(tmp_path),
         use_vllm=True,
@@ -57,7 +62,7 @@ def vllm_args(tmp_path, **overrides):
         seed=3,
     )
     settings.update(overrides)
-    return MultiAgentGRPOConfig(**settings)
+    return config_class(**settings)
 
 
 def greedy_hf(trainer, agent: int, prompt_ids: list[list[int]]) -> list[list[int]]:
@@ -350,6 +355,74 @@ def test_vllm_resume_syncs_the_checkpoint(vllm_available, tmp_path):
     for i in range(2):
         assert step[f"agent_{i}/sampling/sampling_logp_difference/max"] < 1e-3
     check_greedy(resumed)
+
+
+def test_the_best_model_loaded_at_the_end_reaches_the_engines(vllm_available, tmp_path):
+    """`load_best_model_at_end` loads a checkpoint after the last step, when `global_step` no longer moves: the engines
+    take its weights before their next generation (their greedy tokens equal transformers', at new log-probs)."""
+    trainer = MultiAgentGRPOTrainer(
+        model=tiny_model_path("tiny-vllm"),
+        reward_funcs=length_ratio,
+        args=vllm_args(tmp_path, save_strategy="steps", save_steps=1),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+    )
+    trainer.train()
+    last = check_greedy(trainer, with_logprobs=True)
+    trainer.state.best_model_checkpoint = str(tmp_path / "checkpoint-1")
+    trainer._load_best_model()  # what Trainer calls at the end of `train()` with `load_best_model_at_end=True`
+    best = check_greedy(trainer, with_logprobs=True)
+    for i in range(2):
+        assert engine_changed(last, best, i), f"agent {i}: the engine still generates with the last step's weights"
+
+
+def writes_a_and_b(folder) -> str:
+    """The vLLM tiny model changed to write only "A" and "B", saved in `folder`: its final norm keeps one dimension,
+    which only the embeddings (the tied head) of "A" (+1000) and "B" (-1000) read, so one of the two takes nearly all
+    the probability at every step."""
+    source = tiny_model_path("tiny-vllm")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(source), AutoTokenizer.from_pretrained(source)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        embeddings = model.get_input_embeddings().weight
+        embeddings[:, 0] = 0.0
+        embeddings[tokenizer.convert_tokens_to_ids("A"), 0] = 1000.0
+        embeddings[tokenizer.convert_tokens_to_ids("B"), 0] = -1000.0
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+class RecordedDraws(MultiAgentIterativeDPOTrainer):
+    """Records whether every completion of a `sample` call (a round's draw: the agents', then the comparator's, per
+    batch of prompts) is made of "A" and "B" only."""
+
+    draws: list
+
+    def sample(self, rows, num_generations):
+        level = super().sample(rows, num_generations)
+        only_ab = all(set(text) <= set("AB") for rollout in level.rollouts for text in rollout.completions)
+        self.draws = [*getattr(self, "draws", []), only_ab]
+        return level
+
+
+def test_the_model_comparator_generates_on_the_engines(vllm_available, tmp_path):
+    """`comparator="model"` with vLLM: the comparator's draws generate with the comparator model's weights, and the
+    agents' next draws with their own, although no optimizer step moved `global_step` in between (the engines take the
+    weights when they are swapped in and back: `trainer.weights_changed()`)."""
+    args = vllm_args(
+        tmp_path, MultiAgentIterativeDPOConfig, max_steps=-1, num_train_epochs=2, comparator="model",
+        comparator_model=writes_a_and_b(tmp_path / "a-and-b"),
+    )  # fmt: skip
+    trainer = RecordedDraws(
+        model=tiny_model_path("tiny-vllm"),
+        reward_funcs=length_ratio,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+    )
+    trainer.train()
+    # 2 rounds of 2 batches of prompts, each drawn by the agents, then by the comparator.
+    assert trainer.draws == [False, True] * 4
 
 
 def run_two_processes(tmp_path, kind: str, urls: list[str]) -> None:

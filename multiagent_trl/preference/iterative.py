@@ -372,12 +372,14 @@ class IterativeRounds:
         with torch.no_grad():
             for p, w in zip(params, weights, strict=True):
                 p.copy_(w)
+        self.weights_changed()  # vLLM engines generate with what the agents hold
         try:
             yield
         finally:
             with torch.no_grad():
                 for p, w in zip(params, own, strict=True):
                     p.copy_(w)
+            self.weights_changed()
 
     @torch.no_grad()
     def draw_round_pairs(self, comparator_weights: Sequence[torch.Tensor] | None = None) -> list[dict[str, Any]]:
