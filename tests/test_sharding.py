@@ -121,6 +121,12 @@ def test_launch_that_is_not_one_run_raises(tmp_path, tiny_path):
     assert message in result.stderr and "ACCELERATE_USE_CPU=true" in result.stderr
 
 
+def test_fsdp_refuses_a_comparator_that_swaps_whole_weights(tmp_path, tiny_path):
+    result = launch(tmp_path, "comparator", use_cpu=True)
+    assert result.returncode != 0
+    assert "`comparator='history'` swaps whole weights into the agents" in result.stderr
+
+
 def test_fsdp_asked_for_but_not_set_up_raises(tmp_path, tiny_path, prompts_dataset, monkeypatch):
     # One process on CPU: Accelerate drops the FSDP plugin (it attaches it only for accelerator device types). (Asking
     # for DeepSpeed without it installed already fails in TrainingArguments, before the trainer.)

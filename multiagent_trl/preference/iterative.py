@@ -296,6 +296,12 @@ class IterativeRounds:
         """With `comparator="model"`: load `comparator_model` once per agent and keep its weights on the CPU, in the
         order of `comparator_parameters()`; a model that is not of the agent's architecture raises, naming it."""
         args = self.args
+        if args.comparator != "current" and self.is_fsdp_enabled:
+            raise NotImplementedError(
+                f"`comparator={args.comparator!r}` swaps whole weights into the agents for the comparator's draw, "
+                "which FSDP's sharded parameters cannot take yet: launch with DDP (`accelerate launch --multi_gpu`), "
+                "or use `comparator='current'`."
+            )
         if args.comparator != "model":
             return
         if isinstance(self.model, LoraAgentTeam) or any(isinstance(a, PeftModel) for a in self.model.agents):

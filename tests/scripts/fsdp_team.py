@@ -20,6 +20,7 @@ from datasets import Dataset
 from peft import LoraConfig
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
 from multiagent_trl.team.sharding import full_state_dict, local_parameter_bytes, parameter_bytes
 from multiagent_trl.testing import end_launched_process, tiny_model_path
 
@@ -101,10 +102,19 @@ def train(out_dir: str, engine: str, kind: str) -> None:
 
 
 def main(out_dir: str, mode: str) -> None:
-    """`mode`: "train" (under the FSDP launch config: FSDP2 runs, then the same runs as DDP in the same processes)
-    or "construct" (only build a trainer: under a launch that is not one distributed run, this must raise)."""
+    """`mode`: "train" (under the FSDP launch config: FSDP2 runs, then the same runs as DDP in the same processes),
+    "construct" (only build a trainer: under a launch that is not one distributed run, this must raise) or
+    "comparator" (build iterative DPO with the history comparator, which FSDP must refuse)."""
     if mode == "construct":
         make_trainer(out_dir, "full", "construct")
+        return
+    if mode == "comparator":
+        args = MultiAgentIterativeDPOConfig(
+            output_dir=f"{out_dir}/comparator", num_agents=2, per_device_train_batch_size=4, num_generations=4,
+            max_completion_length=8, report_to="none", comparator="history",
+        )  # fmt: skip
+        dataset = Dataset.from_dict({"prompt": ["Row 0: tell a story."]})
+        MultiAgentIterativeDPOTrainer(model=tiny_model_path(), reward_funcs=ratio, args=args, train_dataset=dataset)
         return
     for kind in ("full", "lora"):
         train(out_dir, "fsdp", kind)
