@@ -1,4 +1,4 @@
-"""`multiagent-trl`: train a team from the command line, as `trl grpo` trains one model.
+"""`multiagent-trl`: train a team from the command line, as `trl grpo` trains one model; every family has its command.
 
     multiagent-trl grpo --model_name_or_path Qwen/Qwen2.5-0.5B --num_agents 2 \
         --dataset_name trl-lib/DeepMath-103K --reward_funcs my_lib.rewards.joint --output_dir team
@@ -12,7 +12,10 @@
 (`--use_peft`, `--lora_r`, `--dtype`, ...: with `--use_peft` each agent trains its own LoRA adapter) and
 `DatasetMixtureConfig`, with the `TeamArguments` below; `magrpo` parses `MAGRPOConfig` instead (CoMLRL's names:
 `--agent_learning_rate`, `--max_new_tokens`, ...) and trains with `MAGRPOTrainer`. A YAML `--config` gives any of
-them; flags win. Training saves `output_dir/agent_{i}/`; `--push_to_hub` pushes the team at the end (see `hub`).
+them; flags win. The other native families parse their own config the same way: `dpo` (`MultiAgentDPOConfig`),
+`rlhf`, `iterative-dpo`, `iterative-rlhf`, `actor-critic` and `actor-critic-rlhf` (with `--critic_model`, the
+critics' model; default: each agent's). Training saves `output_dir/agent_{i}/`; `--push_to_hub` pushes the team at
+the end (see `hub`).
 """
 
 from __future__ import annotations
@@ -28,14 +31,36 @@ from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
 from . import hub
+from .actor_critic import ActorCriticConfig, ActorCriticTrainer
 from .config import MultiAgentGRPOConfig
+from .preference import (
+    ActorCriticRLHFConfig,
+    ActorCriticRLHFTrainer,
+    MultiAgentDPOConfig,
+    MultiAgentDPOTrainer,
+    MultiAgentIterativeDPOConfig,
+    MultiAgentIterativeDPOTrainer,
+    MultiAgentIterativeRLHFConfig,
+    MultiAgentIterativeRLHFTrainer,
+    MultiAgentRLHFConfig,
+    MultiAgentRLHFTrainer,
+)
 from .trainer import MultiAgentGRPOTrainer
 
 if TYPE_CHECKING:
     from .comlrl.reinforce import MAGRPOConfig
 
-# The subcommands: `magrpo` is CoMLRL's MAGRPO, from the `comlrl` layer, which only that command loads.
-COMMANDS = ("grpo", "magrpo")
+# The native families' commands; `magrpo` is CoMLRL's MAGRPO, from the `comlrl` layer, which only that command loads.
+NATIVE_COMMANDS = {
+    "grpo": (MultiAgentGRPOConfig, MultiAgentGRPOTrainer),
+    "dpo": (MultiAgentDPOConfig, MultiAgentDPOTrainer),
+    "rlhf": (MultiAgentRLHFConfig, MultiAgentRLHFTrainer),
+    "iterative-dpo": (MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer),
+    "iterative-rlhf": (MultiAgentIterativeRLHFConfig, MultiAgentIterativeRLHFTrainer),
+    "actor-critic": (ActorCriticConfig, ActorCriticTrainer),
+    "actor-critic-rlhf": (ActorCriticRLHFConfig, ActorCriticRLHFTrainer),
+}
+COMMANDS = (*NATIVE_COMMANDS, "magrpo")
 
 
 def command_classes(command: str) -> tuple[type[MultiAgentGRPOConfig], type[MultiAgentGRPOTrainer]]:
@@ -44,7 +69,7 @@ def command_classes(command: str) -> tuple[type[MultiAgentGRPOConfig], type[Mult
         from .comlrl.reinforce import MAGRPOConfig, MAGRPOTrainer
 
         return MAGRPOConfig, MAGRPOTrainer
-    return MultiAgentGRPOConfig, MultiAgentGRPOTrainer
+    return NATIVE_COMMANDS[command]
 
 
 @dataclass
@@ -61,6 +86,9 @@ class TeamArguments(GRPOScriptArguments):
             Dotted import path of the `(row, histories, turn) -> prompts` function that `--num_turns > 1` needs.
         hub_single_repo (`bool`, *optional*, defaults to `False`):
             With `--push_to_hub`: one repo with `agent_i/` folders instead of one repo per agent.
+        critic_model (`str`, *optional*):
+            The `actor-critic` and `actor-critic-rlhf` commands' critics (a model id or path, every critic starting
+            from it); without it each critic starts from its agent's model.
     """
 
     agent_models: list[str] | None = field(
@@ -78,6 +106,10 @@ class TeamArguments(GRPOScriptArguments):
     hub_single_repo: bool = field(
         default=False,
         metadata={"help": "With --push_to_hub: one repo with agent_i/ folders instead of one repo per agent."},
+    )
+    critic_model: str | None = field(
+        default=None,
+        metadata={"help": "actor-critic commands: the critics' model id or path; default: each agent's model."},
     )
 
 
@@ -210,6 +242,8 @@ def parse_args(argv: list[str]) -> tuple[str, TeamArguments, MultiAgentGRPOConfi
         raise ValueError("Give either --model_name_or_path (every agent) or --agent_models (one per agent), not both.")
     if not (script_args.agent_models or model_args.model_name_or_path):
         raise ValueError("Give the agents: --model_name_or_path (every agent) or --agent_models (one per agent).")
+    if script_args.critic_model and not issubclass(command_classes(argv[0])[1], ActorCriticTrainer):
+        raise ValueError(f"--critic_model is for the actor-critic commands; `{argv[0]}` trains no critic.")
     return argv[0], script_args, config, model_args, dataset_args
 
 
@@ -292,6 +326,8 @@ def build_trainer(
     kwargs = {}
     if command == "magrpo":
         kwargs["num_agents"] = num_agents  # MAGRPOTrainer's own argument (CoMLRL's), which sets the config's
+    if script_args.critic_model:
+        kwargs["critic_model"] = script_args.critic_model
     quantization_config = get_quantization_config(model_args)
     if quantization_config is not None:
         kwargs["quantization_config"] = quantization_config

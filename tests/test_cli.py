@@ -13,7 +13,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from multiagent_trl import MAGRPOConfig, MultiAgentGRPOConfig
 from multiagent_trl.cli import (
+    COMMANDS,
     TeamArguments,
+    command_classes,
     import_object,
     load_datasets,
     parse_args,
@@ -126,8 +128,23 @@ def test_agents_must_be_given_once(argv, message):
 
 
 def test_unknown_command_says_usage():
-    with pytest.raises(SystemExit, match="grpo,magrpo"):
+    with pytest.raises(SystemExit, match="grpo,dpo,rlhf,iterative-dpo,iterative-rlhf,actor-critic,actor-critic-rlhf,"):
         parse_args(["sft"])
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c != "magrpo"])
+def test_each_family_parses_its_own_config(command):
+    argv = [command, "--model_name_or_path", "org/m", "--num_agents", "2", "--learning_rate", "3e-4",
+            "--output_dir", "out", "--report_to", "none"]  # fmt: skip
+    _, _, args, _, _ = parse_args(argv)
+    assert type(args) is command_classes(command)[0] and args.learning_rate == 3e-4 and args.num_agents == 2
+
+
+def test_critic_model_is_for_the_actor_critic_commands():
+    argv = ["--model_name_or_path", "org/m", "--critic_model", "org/c", "--output_dir", "o", "--report_to", "none"]
+    assert parse_args(["actor-critic", *argv])[1].critic_model == "org/c"
+    with pytest.raises(ValueError, match="--critic_model is for the actor-critic commands; `rlhf` trains no critic"):
+        parse_args(["rlhf", *argv])
 
 
 def test_bad_reward_names_name_the_flag(tmp_path, monkeypatch):
@@ -193,6 +210,40 @@ def test_end_to_end(workdir, tiny_path, command, team_flags):
         folder = workdir / "out" / f"agent_{i}"
         assert AutoModelForCausalLM.from_pretrained(folder).num_parameters() > 0
         AutoTokenizer.from_pretrained(folder)
+
+
+# Each native family's command end to end, and what it saves beside the agents ("TINY": the tiny model's path).
+FAMILY_RUNS = {
+    "dpo": (["--num_generations", "4", "--per_device_train_batch_size", "8"], []),
+    "rlhf": (["--num_generations", "2", "--preference_num_candidates", "2"], ["reward_model"]),
+    "iterative-dpo": (["--num_generations", "4", "--per_device_train_batch_size", "8"], ["preference_replay"]),
+    "iterative-rlhf": (
+        ["--num_generations", "2", "--preference_num_candidates", "2"], ["preference_replay", "reward_model"]
+    ),
+    "actor-critic": (["--num_generations", "1", "--critic_model", "TINY"], ["agent_0/critic", "agent_1/critic"]),
+    "actor-critic-rlhf": (
+        ["--num_generations", "1", "--preference_num_candidates", "2"], ["agent_0/critic", "reward_model"]
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", sorted(FAMILY_RUNS))
+def test_each_family_trains_and_saves_from_the_command_line(workdir, tiny_path, command):
+    flags, saved = FAMILY_RUNS[command]
+    argv = [command, "--model_name_or_path", tiny_path, "--num_agents", "2", "--dataset_name", "data",
+            "--reward_funcs", "team_code.ratio", "--output_dir", "out", "--max_steps", "1", "--report_to", "none",
+            "--save_strategy", "no", "--per_device_train_batch_size", "2", "--max_completion_length", "8",
+            *[tiny_path if flag == "TINY" else flag for flag in flags]]  # fmt: skip
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=str(ROOT))
+    result = subprocess.run(
+        [sys.executable, "-m", "multiagent_trl.cli", *argv], cwd=workdir, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Saved 2 agents" in result.stdout
+    for i in range(2):
+        AutoModelForCausalLM.from_pretrained(workdir / "out" / f"agent_{i}")
+    for folder in saved:
+        assert (workdir / "out" / folder).is_dir(), folder
 
 
 @pytest.fixture
