@@ -13,6 +13,7 @@ class TeamTrainer(Protocol):
 
     - `sample(rows, num_generations)`: one turn of joint candidates outside a training step;
     - `metrics_aside()`: a block whose records stay out of the training logs; `add_metrics`: values for the next;
+    - `weights_changed()`: the agents' weights changed outside an optimizer step (vLLM engines take them);
     - `first_train_row`: the first row trained on (a model card's example);
     - `model_tags`: the tags of every agent's model card;
     - `agent_metric_prefix(i)` / `loss_name(kind, i)`: how agent i's metrics and losses are named;
@@ -37,6 +38,8 @@ class TeamTrainer(Protocol):
     def metrics_aside(self) -> AbstractContextManager[dict[str, dict[str, list]]]: ...
 
     def add_metrics(self, metrics: dict[str, list[float]], mode: str = "train") -> None: ...
+
+    def weights_changed(self) -> None: ...
 
     def agent_metric_prefix(self, index: int) -> str: ...
 
