@@ -274,6 +274,26 @@ def test_the_model_comparator_samples_the_given_models(tmp_path, seeds):
     assert after_draw == sampled[0::4]
 
 
+@pytest.mark.parametrize(
+    "trainer_cls, config_cls",
+    [
+        (MultiAgentIterativeDPOTrainer, MultiAgentIterativeDPOConfig),
+        (MultiAgentIterativeRLHFTrainer, MultiAgentIterativeRLHFConfig),
+    ],
+)
+def test_a_streamed_dataset_is_refused_at_construction(tmp_path, trainer_cls, config_cls):
+    """A round draws over the whole training set and is one of Trainer's epochs: a stream has neither (a run on one
+    logged a single round in 6 steps of 1.3 epochs)."""
+    stream = Dataset.from_dict({"prompt": [f"Row {i}: say something." for i in range(ROWS)]}).to_iterable_dataset()
+    with pytest.raises(ValueError, match=r"a streamed `train_dataset` \(an IterableDataset\) has neither of"):
+        trainer_cls(
+            model=tiny_model_path(),
+            reward_funcs=length_reward,
+            args=small_args(tmp_path, config_cls, num_agents=2, max_steps=6),
+            train_dataset=stream,
+        )
+
+
 def test_the_model_comparator_is_refused_what_it_cannot_hold(tmp_path):
     with pytest.raises(ValueError, match="is not of agent 0's architecture"):
         build(tmp_path, comparator="model", comparator_model=tiny_model_path("tiny-llama"))

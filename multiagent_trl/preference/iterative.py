@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import broadcast_object_list
+from datasets import IterableDataset
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, TrainerCallback
 
@@ -292,9 +293,9 @@ class IterativeRounds:
             return self.policy_parameters()
         return [p for agent in self.model.agents for p in agent.parameters()]
 
-    def setup_comparator(self) -> None:
-        """With `comparator="model"`: load `comparator_model` once per agent and keep its weights on the CPU, in the
-        order of `comparator_parameters()`; a model that is not of the agent's architecture raises, naming it."""
+    def setup_rounds(self) -> None:
+        """At construction: refuse what the rounds cannot run on, then `setup_comparator()`. A round draws over the
+        whole training set and is one of Trainer's epochs, which a streamed dataset has neither of."""
         args = self.args
         if args.comparator != "current" and self.is_fsdp_enabled:
             raise NotImplementedError(
@@ -302,6 +303,18 @@ class IterativeRounds:
                 "which FSDP's sharded parameters cannot take yet: launch with DDP (`accelerate launch --multi_gpu`), "
                 "or use `comparator='current'`."
             )
+        if isinstance(self.train_dataset, IterableDataset):
+            raise ValueError(
+                f"{type(self).__name__} draws each round over the whole training set, one round per epoch, which a "
+                "streamed `train_dataset` (an IterableDataset) has neither of: pass a `datasets.Dataset` (load it "
+                "without `streaming=True`, or `Dataset.from_list(list(stream))` for a finite stream)."
+            )
+        self.setup_comparator()
+
+    def setup_comparator(self) -> None:
+        """With `comparator="model"`: load `comparator_model` once per agent and keep its weights on the CPU, in the
+        order of `comparator_parameters()`; a model that is not of the agent's architecture raises, naming it."""
+        args = self.args
         if args.comparator != "model":
             return
         if isinstance(self.model, LoraAgentTeam) or any(isinstance(a, PeftModel) for a in self.model.agents):
@@ -521,7 +534,7 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
             kwargs["args"] = MultiAgentIterativeDPOConfig(output_dir="madpo-iterative-output")
         super().__init__(*args, **kwargs)
         self._round_cursor = (-1, 0)  # (round, pairs served in it)
-        self.setup_comparator()
+        self.setup_rounds()
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         if resume_from_checkpoint not in (None, False) and self.args.pair_batch_size is not None:

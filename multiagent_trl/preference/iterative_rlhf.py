@@ -121,8 +121,8 @@ class RewardModelRounds(IterativeRounds):
     scores. The trainer calls `setup_reward_rounds()` at the end of its constructor."""
 
     def setup_reward_rounds(self) -> None:
-        """Keep the reward model's start for `reward_model_reset`, and load the comparator model
-        (`setup_comparator`)."""
+        """Keep the reward model's start for `reward_model_reset`, and set the rounds up (`setup_rounds`: the
+        dataset's check, the comparator model)."""
         # The reward model's start: its trainable parameters (frozen ones never change).
         self.initial_reward_state = {
             name: p.detach().to("cpu", copy=True)
@@ -130,7 +130,7 @@ class RewardModelRounds(IterativeRounds):
             if p.requires_grad
         }
         self.reward_model_histories: list[list[dict[str, float]]] = []
-        self.setup_comparator()
+        self.setup_rounds()
 
     @property
     def round_width(self) -> int:
