@@ -30,21 +30,9 @@ from typing import TYPE_CHECKING
 from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 from trl.scripts.grpo import GRPOScriptArguments
 
-from . import hub
+from . import hub, preference
 from .actor_critic import ActorCriticConfig, ActorCriticTrainer
 from .config import MultiAgentGRPOConfig
-from .preference import (
-    ActorCriticRLHFConfig,
-    ActorCriticRLHFTrainer,
-    MultiAgentDPOConfig,
-    MultiAgentDPOTrainer,
-    MultiAgentIterativeDPOConfig,
-    MultiAgentIterativeDPOTrainer,
-    MultiAgentIterativeRLHFConfig,
-    MultiAgentIterativeRLHFTrainer,
-    MultiAgentRLHFConfig,
-    MultiAgentRLHFTrainer,
-)
 from .trainer import MultiAgentGRPOTrainer
 
 if TYPE_CHECKING:
@@ -53,12 +41,12 @@ if TYPE_CHECKING:
 # The native families' commands; `magrpo` is CoMLRL's MAGRPO, from the `comlrl` layer, which only that command loads.
 NATIVE_COMMANDS = {
     "grpo": (MultiAgentGRPOConfig, MultiAgentGRPOTrainer),
-    "dpo": (MultiAgentDPOConfig, MultiAgentDPOTrainer),
-    "rlhf": (MultiAgentRLHFConfig, MultiAgentRLHFTrainer),
-    "iterative-dpo": (MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer),
-    "iterative-rlhf": (MultiAgentIterativeRLHFConfig, MultiAgentIterativeRLHFTrainer),
+    "dpo": (preference.MultiAgentDPOConfig, preference.MultiAgentDPOTrainer),
+    "rlhf": (preference.MultiAgentRLHFConfig, preference.MultiAgentRLHFTrainer),
+    "iterative-dpo": (preference.MultiAgentIterativeDPOConfig, preference.MultiAgentIterativeDPOTrainer),
+    "iterative-rlhf": (preference.MultiAgentIterativeRLHFConfig, preference.MultiAgentIterativeRLHFTrainer),
     "actor-critic": (ActorCriticConfig, ActorCriticTrainer),
-    "actor-critic-rlhf": (ActorCriticRLHFConfig, ActorCriticRLHFTrainer),
+    "actor-critic-rlhf": (preference.ActorCriticRLHFConfig, preference.ActorCriticRLHFTrainer),
 }
 COMMANDS = (*NATIVE_COMMANDS, "magrpo")
 

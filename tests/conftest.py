@@ -1,8 +1,10 @@
 import inspect
+import json
 import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +165,17 @@ def launch_two_processes(script, *args: str) -> None:
                str(script), *map(str, args)]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def trained_ranks(script, out_dir, *args: str) -> list[dict]:
+    """`launch_two_processes(script, out_dir, *args)`, whose script writes `out_dir/rank{r}.json` with `world`, and
+    `initial` and `fingerprint` (each agent's weight sums before and after training): the two ranks' results, checked
+    to be of one 2-process run whose ranks end with the same agents, which training moved."""
+    launch_two_processes(script, out_dir, *args)
+    ranks = [json.loads((Path(out_dir) / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    assert ranks[0]["fingerprint"] == ranks[1]["fingerprint"], "the ranks' agents diverged"
+    for i, (initial, trained) in enumerate(zip(ranks[0]["initial"], ranks[0]["fingerprint"], strict=True)):
+        # They agree by training in step, not by not training.
+        assert all(a != b for a, b in zip(initial, trained, strict=True)), f"agent {i} did not train"
+    return ranks

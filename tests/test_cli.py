@@ -200,6 +200,11 @@ def test_end_to_end(workdir, tiny_path, command, team_flags):
     argv = [command, *models, "--dataset_name", "data", "--reward_funcs", "team_code.ratio", "--output_dir", "out",
             "--max_steps", "1", "--num_generations", "2", "--report_to", "none", "--save_strategy", "no",
             *team_flags]  # fmt: skip
+    run_and_load(workdir, argv)
+
+
+def run_and_load(workdir, argv: list[str]) -> None:
+    """Run `multiagent-trl <argv>` in `workdir`, offline; it must save 2 agents in `out/` that load back."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=str(ROOT))
     result = subprocess.run(
         [sys.executable, "-m", "multiagent_trl.cli", *argv], cwd=workdir, env=env, capture_output=True, text=True
@@ -234,14 +239,7 @@ def test_each_family_trains_and_saves_from_the_command_line(workdir, tiny_path, 
             "--reward_funcs", "team_code.ratio", "--output_dir", "out", "--max_steps", "1", "--report_to", "none",
             "--save_strategy", "no", "--per_device_train_batch_size", "2", "--max_completion_length", "8",
             *[tiny_path if flag == "TINY" else flag for flag in flags]]  # fmt: skip
-    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=str(ROOT))
-    result = subprocess.run(
-        [sys.executable, "-m", "multiagent_trl.cli", *argv], cwd=workdir, env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Saved 2 agents" in result.stdout
-    for i in range(2):
-        AutoModelForCausalLM.from_pretrained(workdir / "out" / f"agent_{i}")
+    run_and_load(workdir, argv)
     for folder in saved:
         assert (workdir / "out" / folder).is_dir(), folder
 

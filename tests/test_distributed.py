@@ -1,6 +1,5 @@
 """Scaling out: two processes (gloo on CPU), gradient accumulation, bf16."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -8,20 +7,14 @@ import torch
 
 from multiagent_trl import MultiAgentGRPOTrainer
 
-from .conftest import launch_two_processes, length_ratio, small_args
+from .conftest import length_ratio, small_args, trained_ranks
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_team.py"
 
 
 @pytest.mark.parametrize("kind", ["full", "lora", "multiturn"])
 def test_two_processes_train_the_same_team(tmp_path, tiny_path, kind):
-    launch_two_processes(SCRIPT, tmp_path, kind)
-
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert [r["world"] for r in ranks] == [2, 2]
-    assert ranks[0]["fingerprint"] == ranks[1]["fingerprint"], "the ranks' agents diverged"
-    for i in range(2):  # and they agree by training in step, not by not training
-        assert all(a != b for a, b in zip(ranks[0]["initial"][i], ranks[0]["fingerprint"][i], strict=True)), i
+    ranks = trained_ranks(SCRIPT, tmp_path, kind)
     for rank in ranks:  # every joint sample pairs both agents' completions of the same row
         assert rank["seen"], "no joint sample was scored"
         for prompt_0, prompt_1, row_id in rank["seen"]:

@@ -8,21 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import launch_two_processes
+from .conftest import trained_ranks
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_preference.py"
 ROWS = [f"Row {i}: say something." for i in range(7)]  # the script's prompts, uneven over the two processes
 SHARES = ({0, 1, 2, 3}, {4, 5, 6})  # the rows each process plays (a row whose candidates all tie gives no pair)
-
-
-def run(tmp_path, kind: str) -> list[dict]:
-    launch_two_processes(SCRIPT, tmp_path, kind)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert [r["world"] for r in ranks] == [2, 2]
-    assert ranks[0]["fingerprint"] == ranks[1]["fingerprint"], "the ranks' agents diverged"
-    for i in range(2):  # and they agree by training in step, not by not training
-        assert all(a != b for a, b in zip(ranks[0]["initial"][i], ranks[0]["fingerprint"][i], strict=True)), i
-    return ranks
 
 
 def from_both_shares(prompts: list[str]) -> bool:
@@ -45,7 +35,7 @@ def length_reward(completions: list[str]) -> float:
 def test_rlhf_trains_one_reward_model_on_every_process(tmp_path, kind):
     """The ranks' random states part (the script seeds each its own way): each process trains its copy of the reward
     model on the gathered pairs, and every copy ends as the main process's, the one saved and resumed."""
-    ranks = run(tmp_path, kind)
+    ranks = trained_ranks(SCRIPT, tmp_path, kind)
     assert ranks[0]["reward_model"] == ranks[1]["reward_model"], "the ranks score with different reward models"
     # Every process holds the pairs of both processes' prompts, in dataset order.
     assert ranks[0]["pair_prompts"] == ranks[1]["pair_prompts"]
@@ -54,7 +44,7 @@ def test_rlhf_trains_one_reward_model_on_every_process(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", ["iterative_dpo", "iterative_dpo_batches", "iterative_rlhf"])
 def test_iterative_rounds_draw_every_prompt_and_train_data_parallel(tmp_path, kind):
-    ranks = run(tmp_path, kind)
+    ranks = trained_ranks(SCRIPT, tmp_path, kind)
     assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
     # One shard a round with the pairs of both processes' prompts; the history comparator's round starts beside.
     expected = ["iteration_0001.json", "iteration_0002.json", "round_start_0001.pt", "round_start_0002.pt"]
