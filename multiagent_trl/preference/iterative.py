@@ -15,7 +15,7 @@ callbacks, gradient accumulation, logging, checkpoints. Resuming inside a round 
 are not drawn again) and draws the replay sample again.
 
 With several processes (`accelerate launch`, DDP), each plays its share of the prompts, the pairs are gathered so
-that every process holds the round's pairs, the local main process writes the shard (and the history comparator's
+that every process holds the round's pairs, the process that saves writes the shard (and the history comparator's
 round start), and the main process's replay draw is every process's; each process then trains on the next pairs
 after those of the processes before it, or, with `pair_batch_size`, on every `num_processes`-th micro-batch.
 """
@@ -345,10 +345,10 @@ class IterativeRounds:
 
     @contextmanager
     def one_writer(self) -> Iterator[bool]:
-        """Inside the block only the local main process writes (it yields whether this one does); every process
-        waits for the writes at its end. The rounds' files are the same on every process, and each node writes its
-        own copy (node-local storage works)."""
-        writes = self.accelerator.is_local_main_process
+        """Inside the block only the process that saves writes (it yields whether this one does): Trainer's
+        `should_save`, the main process, or each node's with `save_on_each_node` (node-local storage). Every process
+        waits for the writes at its end; the rounds' files are the same on every process."""
+        writes = self.args.should_save
         try:
             yield writes
         finally:
