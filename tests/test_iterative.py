@@ -223,12 +223,13 @@ def test_the_history_comparator_samples_the_policy_of_k_rounds_back(tmp_path, k)
     trainer = build(tmp_path, rounds=3, comparator="history", comparator_history_k=k)
     sampled, after_draw = recorded_draws(trainer)
     trainer.train()
-    # 4 prompts, 2 per generation call: a round samples (current, comparator) twice.
+    # 4 prompts, 2 per generation call: a round samples both batches as the policy, then both as the comparator (one
+    # swap of the weights a round).
     assert len(sampled) == 12
     rounds = [sampled[4 * r : 4 * r + 4] for r in range(3)]
     starts = [calls[0] for calls in rounds]
     assert len(set(starts)) == 3  # the agents trained between rounds
-    for r, (current, comparator, current_again, comparator_again) in enumerate(rounds):
+    for r, (current, current_again, comparator, comparator_again) in enumerate(rounds):
         assert current == current_again == starts[r]
         assert comparator == comparator_again == starts[max(r - k + 1, 0)]
     assert after_draw == starts  # each round trains on from its own start
@@ -269,8 +270,9 @@ def test_the_model_comparator_samples_the_given_models(tmp_path, seeds):
     trainer.train()
     models = [AutoModelForCausalLM.from_pretrained(sources[i % len(sources)]) for i in range(2)]
     theirs = sum(float(p.double().sum()) for model in models for p in model.parameters())
-    assert len(sampled) == 8 and sampled[1::2] == [pytest.approx(theirs, abs=1e-6)] * 4
-    assert sampled[0] == sampled[2] != sampled[4] == sampled[6]  # the agents' own, trained between the rounds
+    # Per round: both batches of prompts as the policy, then both as the comparator.
+    assert len(sampled) == 8 and [sampled[i] for i in (2, 3, 6, 7)] == [pytest.approx(theirs, abs=1e-6)] * 4
+    assert sampled[0] == sampled[1] != sampled[4] == sampled[5]  # the agents' own, trained between the rounds
     assert after_draw == sampled[0::4]
 
 
@@ -326,8 +328,9 @@ def test_the_history_comparator_resumes_from_the_round_starts_it_wrote(tmp_path)
     resumed_sampled, _ = recorded_draws(resumed)
     resumed.train(resume_from_checkpoint=os.path.join(first.args.output_dir, "checkpoint-6"))  # inside round 2
     assert resumed.state.global_step == 12
-    # Round 2 came back from its shard; round 3 drew (current, comparator) twice, its comparator round 2's start.
-    assert len(resumed_sampled) == 4 and resumed_sampled[1] == resumed_sampled[3] == sampled[4]
+    # Round 2 came back from its shard; round 3 drew both batches as the policy, then both as the comparator: round
+    # 2's start.
+    assert len(resumed_sampled) == 4 and resumed_sampled[2] == resumed_sampled[3] == sampled[4]
     os.remove(os.path.join(replay, "round_start_0002.pt"))
     again = build(tmp_path, **settings)
     with pytest.raises(FileNotFoundError, match="start of round 2"):

@@ -109,7 +109,7 @@ def test_the_history_comparator_draws_against_the_policy_of_k_rounds_back(tmp_pa
 
     trainer.sample = recording_sample
     trainer.train()
-    assert len(sampled) == 6  # per round one generation call of both prompts, as the policy and as the comparator
+    assert len(sampled) == 6  # per round one generation call of both prompts, as the policy, then as the comparator
     starts = sampled[0::2]
     assert len(set(starts)) == 3
     assert sampled[1::2] == [starts[0], starts[0], starts[1]]

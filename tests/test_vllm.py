@@ -421,8 +421,8 @@ def test_the_model_comparator_generates_on_the_engines(vllm_available, tmp_path)
         train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
     )
     trainer.train()
-    # 2 rounds of 2 batches of prompts, each drawn by the agents, then by the comparator.
-    assert trainer.draws == [False, True] * 4
+    # 2 rounds of 2 batches of prompts, both drawn by the agents, then both by the comparator.
+    assert trainer.draws == [False, False, True, True] * 2
 
 
 def run_two_processes(tmp_path, kind: str, urls: list[str]) -> None:

@@ -26,9 +26,8 @@ import math
 import os
 import random
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
@@ -405,26 +404,38 @@ class IterativeRounds:
         """The current policy's pairs against the comparator over the whole training set (one record per pair),
         with what the sampling records kept out of the training logs; the comparator samples with
         `comparator_weights` in the agents (`history_weights`, `comparator_model_weights`), or with their own
-        (`None`)."""
+        (`None`). Each batch of prompts is drawn by the policy, then by the comparator (CoMLRL's order); with
+        `comparator_weights` every batch is drawn by the policy first and then every batch by the comparator, so
+        that the weights are swapped in and back once a round, not once a batch (each swap copies every weight, and
+        syncs vLLM's engines)."""
         args = self.args
         width = self.round_width
         comparator_width = args.comparator_num_generations or width
         rows = [dict(row) for row in self.train_dataset]
         accelerator = self.accelerator
-        per_call = prompts_per_call(args.generation_batch_size, width, accelerator.num_processes)
-        records, raw = [], ([], [])
-        past = nullcontext if comparator_weights is None else partial(self.comparator_weights, comparator_weights)
-        rank = accelerator.process_index
+        batches = list(
+            process_share(
+                accelerator, rows, prompts_per_call(args.generation_batch_size, width, accelerator.num_processes)
+            )
+        )
+
+        def candidates(items: list[dict], count: int, real: int) -> list[dict[str, Any]]:
+            played = self.sample(items, count)
+            return candidate_sets(played, count, self.reward_weights, accelerator.process_index)[:real]
+
         with self.metrics_aside():
-            for items, real in process_share(accelerator, rows, per_call):  # the rows split over the processes
-                current = candidate_sets(self.sample(items, width), width, self.reward_weights, rank)
-                with past():
-                    played = self.sample(items, comparator_width)
-                theirs = candidate_sets(played, comparator_width, self.reward_weights, rank)
-                for mine, other in zip(current[:real], theirs[:real]):
-                    records += comparison_records(mine, other, args.pair_selection, args.preference_pairs_per_sample)
-                    raw[0].extend(mine["raw"])
-                    raw[1].extend(other["raw"])
+            if comparator_weights is None:
+                drawn = [(candidates(b, width, real), candidates(b, comparator_width, real)) for b, real in batches]
+            else:
+                mine = [candidates(b, width, real) for b, real in batches]
+                with self.comparator_weights(comparator_weights):
+                    drawn = list(zip(mine, [candidates(b, comparator_width, real) for b, real in batches]))
+        records, raw = [], ([], [])
+        for current, theirs in drawn:
+            for mine, other in zip(current, theirs):
+                records += comparison_records(mine, other, args.pair_selection, args.preference_pairs_per_sample)
+                raw[0].extend(mine["raw"])
+                raw[1].extend(other["raw"])
         self.round_candidate_rewards = tuple(gather_in_order(accelerator, part) for part in raw)
         return gather_in_order(accelerator, records)
 
