@@ -413,11 +413,8 @@ class IterativeRounds:
         comparator_width = args.comparator_num_generations or width
         rows = [dict(row) for row in self.train_dataset]
         accelerator = self.accelerator
-        batches = list(
-            process_share(
-                accelerator, rows, prompts_per_call(args.generation_batch_size, width, accelerator.num_processes)
-            )
-        )
+        per_call = prompts_per_call(args.generation_batch_size, width, accelerator.num_processes)
+        batches = list(process_share(accelerator, rows, per_call))  # this process's share of the rows
 
         def candidates(items: list[dict], count: int, real: int) -> list[dict[str, Any]]:
             played = self.sample(items, count)
