@@ -1,6 +1,6 @@
 """The preference family's pair stages under two processes (gloo on CPU, `tests/scripts/ddp_preference.py`): RLHF's
 reward model is the same on every process, and iterative DPO and iterative RLHF run data-parallel, every process
-holding the round's pairs from every prompt while training on its own share of them."""
+holding the round's pairs from every prompt while training on its own share of them, and resume inside a round."""
 
 import json
 from collections import defaultdict
@@ -70,3 +70,14 @@ def test_iterative_rounds_draw_every_prompt_and_train_data_parallel(tmp_path, ki
     assert batches[0].keys() == batches[1].keys() and len(batches[0]) > 2
     for step in batches[0]:
         assert not set(batches[0][step]) & set(batches[1][step]), f"both processes trained the same pairs at {step}"
+
+
+def test_iterative_rounds_resume_inside_a_round_on_two_processes(tmp_path):
+    """A new trainer resumed from a checkpoint inside round 2 (of 3) reloads that round's shard on every process and
+    draws round 3 against the round start it kept: both processes finish the run, with the same agents."""
+    ranks = trained_ranks(SCRIPT, tmp_path, "iterative_resume")
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] == 12
+    # Round 2 logged by the first run (step 5) and by the resumed one (its shard reloaded, step 7); round 3 drawn.
+    assert [(log["round/index"], log["step"]) for log in ranks[0]["logs"]] == [(1, 1), (2, 5), (2, 7), (3, 9)]
+    shards = [f"iteration_{r:04d}.json" for r in (1, 2, 3)]
+    assert ranks[0]["replay"] == ranks[1]["replay"] == [*shards, "round_start_0002.pt", "round_start_0003.pt"]

@@ -82,9 +82,11 @@ def build(out_dir: str, kind: str):
     batches = {}
     if kind == "iterative_dpo_batches":  # and a replay sample, drawn with Python's random
         batches = dict(pair_batch_size=2, replay_mode="all_history", replay_sample_size=10)
+    if kind.startswith("iterative_resume"):  # 3 rounds of 4 steps, a checkpoint every 2
+        batches = dict(num_train_epochs=3, save_strategy="steps", save_steps=2)
     args = MultiAgentIterativeDPOConfig(
-        **common, num_generations=4, num_train_epochs=2, max_steps=-1, steps_per_generation=2,
-        comparator="history", comparator_history_k=2, **batches,
+        **{**common, "num_train_epochs": 2, **batches}, num_generations=4, max_steps=-1, steps_per_generation=2,
+        comparator="history", comparator_history_k=2,
     )  # fmt: skip
     return ServedPairs(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset)
 
@@ -100,7 +102,13 @@ def main(out_dir: str, kind: str) -> None:
     initial = fingerprint(team, 2)
     torch.manual_seed(1000 + rank)  # the ranks' random states part (see the module docstring)
     random.seed(1000 + rank)
-    trainer.train()
+    if kind == "iterative_resume":  # a run, then a new trainer resumed from its checkpoint inside round 2
+        trainer.train()
+        trainer = build(out_dir, kind)
+        team = trainer.model
+        trainer.train(resume_from_checkpoint=f"{out_dir}/run/checkpoint-6")
+    else:
+        trainer.train()
     replay = os.path.join(trainer.args.output_dir, "preference_replay")
     result = {
         "world": trainer.accelerator.num_processes,
