@@ -330,16 +330,19 @@ class IterativeRounds:
                 f"`comparator_model` names {len(sources)} models for {self.num_agents} agents: give one for every "
                 "agent, or one per agent."
             )
-        weights = []
+        weights, models = [], {}  # a source named for several agents (of one dtype) is loaded, and held, once
         for i, (agent, source) in enumerate(zip(self.model.agents, sources)):
-            loaded = dict(AutoModelForCausalLM.from_pretrained(str(source), dtype=agent.dtype).named_parameters())
+            key = (str(source), agent.dtype)
+            if key not in models:
+                models[key] = dict(AutoModelForCausalLM.from_pretrained(key[0], dtype=key[1]).named_parameters())
+            loaded = models[key]
             for name, p in agent.named_parameters():
                 if name not in loaded or loaded[name].shape != p.shape:
                     raise ValueError(
                         f"`comparator_model` {source!r} is not of agent {i}'s architecture (its parameter {name!r} "
                         "is missing or of another shape): name another checkpoint of the agent's model."
                     )
-                weights.append(loaded[name].detach().to("cpu", copy=True))
+                weights.append(loaded[name].detach().to("cpu"))
         self.comparator_model_weights = weights
 
     @contextmanager
@@ -384,9 +387,10 @@ class IterativeRounds:
     @contextmanager
     def comparator_weights(self, weights: Sequence[torch.Tensor]) -> Iterator[None]:
         """Inside the block the agents hold `weights` (`history_weights`, `comparator_model_weights`) in their
-        `comparator_parameters()`; their own come back after it."""
+        `comparator_parameters()`; their own come back after it (kept on the CPU meanwhile: a second copy of every
+        weight on the device could exhaust its memory)."""
         params = self.comparator_parameters()
-        own = [p.detach().clone() for p in params]
+        own = [p.detach().to("cpu", copy=True) for p in params]
         with torch.no_grad():
             for p, w in zip(params, weights, strict=True):
                 p.copy_(w)

@@ -254,8 +254,9 @@ class RewardModelStage:
         )
         # Each process trained its own copy on the same pairs, but their random states (the batches' shuffle,
         # dropout) part during sampling: every process takes the main process's, which is the one saved.
-        for tensor in self.reward_model.state_dict().values() if self.accelerator.num_processes > 1 else ():
-            tensor.copy_(broadcast(tensor.clone()))
+        if self.accelerator.num_processes > 1:
+            for tensor in self.reward_model.state_dict().values():
+                tensor.copy_(broadcast(tensor.clone()))
         self.preference_pairs, self.reward_model_history = list(pairs), history
         self.add_metrics({key: [value] for key, value in summarize(history, len(pairs)).items()})
         return history
