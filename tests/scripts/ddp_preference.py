@@ -36,7 +36,7 @@ def length_reward(completions1, completions2):
 
 
 class ServedPairs(MultiAgentIterativeDPOTrainer):
-    """Records every pair record the rank trained on (iterative DPO), with the optimizer step it went into."""
+    """Records every pair record the rank trained on (iterative DPO), with `global_step` when its batch was built."""
 
     served: list
 
@@ -77,12 +77,13 @@ def build(out_dir: str, kind: str):
             **common, num_generations=4, num_train_epochs=2, max_steps=-1, steps_per_generation=2,
             preference_num_candidates=3, reward_learning_rate=1e-2, comparator="history", comparator_history_k=2,
         )  # fmt: skip
-        trainer_cls = MultiAgentIterativeRLHFTrainer
-        return trainer_cls(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset)
+        return MultiAgentIterativeRLHFTrainer(
+            model=model, reward_funcs=length_reward, args=args, train_dataset=dataset
+        )
     batches = {}
     if kind == "iterative_dpo_batches":  # and a replay sample, drawn with Python's random
         batches = dict(pair_batch_size=2, replay_mode="all_history", replay_sample_size=10)
-    if kind.startswith("iterative_resume"):  # 3 rounds of 4 steps, a checkpoint every 2
+    if kind == "iterative_resume":  # 3 rounds of 4 steps, a checkpoint every 2
         batches = dict(num_train_epochs=3, save_strategy="steps", save_steps=2)
     args = MultiAgentIterativeDPOConfig(
         **{**common, "num_train_epochs": 2, **batches}, num_generations=4, max_steps=-1, steps_per_generation=2,
