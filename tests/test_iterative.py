@@ -222,6 +222,8 @@ def test_the_history_comparator_samples_the_policy_of_k_rounds_back(tmp_path, k)
     own weights: after the draw the agents hold S_r again."""
     trainer = build(tmp_path, rounds=3, comparator="history", comparator_history_k=k)
     sampled, after_draw = recorded_draws(trainer)
+    swaps = []
+    trainer.weights_changed = lambda: swaps.append(fingerprint(trainer))
     trainer.train()
     # 4 prompts, 2 per generation call: a round samples both batches as the policy, then both as the comparator (one
     # swap of the weights a round).
@@ -233,9 +235,12 @@ def test_the_history_comparator_samples_the_policy_of_k_rounds_back(tmp_path, k)
         assert current == current_again == starts[r]
         assert comparator == comparator_again == starts[max(r - k + 1, 0)]
     assert after_draw == starts  # each round trains on from its own start
+    # Weights are swapped in (and back) only for a round whose comparator is an earlier round's start; a round's own
+    # start is what the agents hold, and with k=1 no later round reads it, so none is written.
+    assert swaps == [x for r in range(1, 3) if k > 1 for x in (starts[max(r - k + 1, 0)], starts[r])]
     replay = os.path.join(trainer.args.output_dir, "preference_replay")
     kept = sorted(name for name in os.listdir(replay) if name.startswith("round_start"))
-    assert kept == [f"round_start_{r + 1:04d}.pt" for r in range(3 - k, 3)]  # at most k past policies kept
+    assert kept == ([f"round_start_{r + 1:04d}.pt" for r in range(3 - k, 3)] if k > 1 else [])
 
 
 def recorded_draws(trainer) -> tuple[list[float], list[float]]:

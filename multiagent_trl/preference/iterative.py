@@ -113,8 +113,9 @@ class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
             the first round's start before that: CoMLRL's policy from `k` iterations ago).
         comparator_history_k (`int` or `None`, *optional*, defaults to `None`):
             With `comparator="history"`: how many rounds back (`None`: 1, the round's own start, which draws as
-            `"current"` does). The past weights (the agents' trainable parameters, at most `comparator_history_k`
-            copies) are kept in `replay_dir` (`round_start_XXXX.pt`), where a resumed run finds them too.
+            `"current"` does: nothing is swapped or written). With `k > 1` the past weights (the agents' trainable
+            parameters, at most `comparator_history_k` copies) are kept in `replay_dir` (`round_start_XXXX.pt`),
+            where a resumed run finds them too.
         comparator_model (`str`, `list[str]` or `None`, *optional*, defaults to `None`):
             With `comparator="model"`: the model whose candidates each agent's are compared with, an id or path (one
             for every agent, or one per agent), of the agent's architecture and tokenizer (another checkpoint of the
@@ -360,21 +361,24 @@ class IterativeRounds:
         """Where the history comparator keeps round `index`'s start (0-based index, 1-based name, as the shards)."""
         return os.path.join(self.replay_dir, f"round_start_{index + 1:04d}.pt")
 
-    def history_weights(self, index: int) -> list[torch.Tensor]:
+    def history_weights(self, index: int) -> list[torch.Tensor] | None:
         """With `comparator="history"`: write the agents' weights at round `index`'s start to `round_start_path`
-        (where a resumed run finds them too), remove those no later round needs, and return the comparator's: the
-        start of round `index - comparator_history_k + 1` (the first round's start before that)."""
-        start = [p.detach().to("cpu", copy=True) for p in self.policy_parameters()]
-        oldest = max(index - self.args.comparator_history_k + 1, 0)
+        when a later round needs them (where a resumed run finds them too), remove those no later round needs, and
+        return the comparator's: the start of round `index - comparator_history_k + 1` (the first round's start
+        before that), or `None` when that is this round's own start, which the agents hold (no swap, no copy)."""
+        k = self.args.comparator_history_k
+        oldest = max(index - k + 1, 0)
         with self.one_writer() as writes:  # every process holds the same agents
             if writes:
                 os.makedirs(self.replay_dir, exist_ok=True)
-                torch.save(start, self.round_start_path(index))
+                if k > 1:  # k=1: every round compares with its own start, so no later round reads this one's
+                    start = [p.detach().to("cpu", copy=True) for p in self.policy_parameters()]
+                    torch.save(start, self.round_start_path(index))
                 for past in range(oldest):
                     if os.path.exists(self.round_start_path(past)):
                         os.remove(self.round_start_path(past))
         if oldest == index:
-            return start
+            return None
         path = self.round_start_path(oldest)  # written by an earlier round, of this run or of the one resumed
         if not os.path.exists(path):
             raise FileNotFoundError(
