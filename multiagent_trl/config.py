@@ -50,6 +50,48 @@ def check_finite_settings(config: Any) -> None:
             )
 
 
+def whole_number_field(annotation: Any) -> bool:
+    """Whether a dataclass field annotated `annotation` holds whole numbers only: `int`, a per-agent `list[int]`, or
+    either of them or `None` (a string under `from __future__ import annotations`, or the type itself)."""
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = f"{text[len('Optional[') : -1]} | None"
+    parts = {part.strip() for part in text.split("|")}
+    return bool(parts & {"int", "list[int]"}) and parts <= {"int", "list[int]", "None"}
+
+
+def check_whole_settings(config: Any) -> None:
+    """Raise a `ValueError` naming the first whole-number field of the dataclass `config` (`whole_number_field`) that
+    holds a fraction; a float of whole value (`2.0`) becomes the int. A count, a size or an index that is not whole
+    would otherwise reach `range()`, a slice or a sampler only in `train()`, as a `TypeError` that names no setting.
+
+    >>> MultiAgentGRPOConfig(output_dir="out", report_to="none", num_generations=2.0).num_generations
+    2
+    >>> MultiAgentGRPOConfig(output_dir="out", steps_per_generation=1.5)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: `steps_per_generation` must be a whole number, got 1.5.
+    """
+    for f in dataclasses.fields(config):
+        if f.init and whole_number_field(f.type):
+            value = getattr(config, f.name, None)
+            whole = whole_number(f.name, value)
+            if whole is not value:
+                setattr(config, f.name, whole)
+
+
+def whole_number(name: str, value: Any) -> Any:
+    """`value` (of the setting `name`: a number, a per-agent list of them, or anything else, returned as it is) with
+    each float of whole value as the int; a fraction raises a `ValueError` naming `name`."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not any(isinstance(v, float) for v in values):
+        return value
+    if any(isinstance(v, float) and not v.is_integer() for v in values):
+        raise ValueError(f"`{name}` must be a whole number, got {value!r}.")
+    values = [int(v) if isinstance(v, float) else v for v in values]
+    return values if isinstance(value, (list, tuple)) else values[0]
+
+
 @dataclass
 class MultiAgentGRPOConfig(GRPOConfig):
     r"""
@@ -345,21 +387,26 @@ class MultiAgentGRPOConfig(GRPOConfig):
     )
 
     def __init_subclass__(cls, **kwargs):
-        # A subclass's `__post_init__` reads, compares and maps its fields before calling ours, so the non-finite check
-        # must come first in each: a NaN would pass its range checks, or be mapped under another field's name.
+        # A subclass's `__post_init__` reads, compares and maps its fields before calling ours, so the non-finite and
+        # whole-number checks must come first in each: a NaN or a fraction would pass its range checks, or be mapped
+        # under another field's name. The one that runs first may be a mixin's listed before this class
+        # (`RewardModelFields`): whichever the class resolves to is wrapped, once.
         super().__init_subclass__(**kwargs)
-        post_init = cls.__dict__.get("__post_init__")
-        if post_init is not None:
+        post_init = cls.__post_init__
+        if not getattr(post_init, "checks_numbers_first", False):
 
             @functools.wraps(post_init)
             def checked_post_init(self):
                 check_finite_settings(self)
+                check_whole_settings(self)
                 post_init(self)
 
+            checked_post_init.checks_numbers_first = True
             cls.__post_init__ = checked_post_init
 
     def __post_init__(self):
         check_finite_settings(self)
+        check_whole_settings(self)
         self._normalize_agent_settings()
         # TRL resolves an unset bf16 to True, which fails on a machine without a bf16-capable accelerator. Resolve it
         # from the hardware instead; an explicit choice is left to TRL and transformers to validate.

@@ -34,9 +34,14 @@ from multiagent_trl.comlrl import (
     MARLOOConfig,
 )
 from multiagent_trl.comlrl.actor_critic import item_reward
+from multiagent_trl.config import whole_number_field
 from multiagent_trl.preference.config import MultiAgentDPOConfig
+from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig
+from multiagent_trl.preference.iterative_rlhf import MultiAgentIterativeRLHFConfig
 from multiagent_trl.preference.reward_model import JointRewardModel
 from multiagent_trl.preference.reward_training import JointPreferencePair, train_reward_model
+from multiagent_trl.preference.rlhf import MultiAgentRLHFConfig
+from multiagent_trl.preference.rlhf_actor_critic import ActorCriticRLHFConfig
 from multiagent_trl.preference.trainer import MultiAgentDPOTrainer
 
 from .conftest import changed, small_args, snapshot
@@ -46,6 +51,10 @@ CONFIGS = [
     MultiAgentGRPOConfig,
     ActorCriticConfig,
     MultiAgentDPOConfig,
+    MultiAgentIterativeDPOConfig,
+    MultiAgentRLHFConfig,
+    ActorCriticRLHFConfig,
+    MultiAgentIterativeRLHFConfig,
     MAGRPOConfig,
     MAREINFORCEConfig,
     MAReMaxConfig,
@@ -103,6 +112,62 @@ def test_non_finite_settings_are_refused_naming_the_field(tmp_path, config_class
         else:
             accepted.append(f"{name}: accepted")
     assert not accepted, "\n".join(accepted)
+
+
+def whole_fields(config_class) -> list[tuple[str, bool]]:
+    """`(name, takes a list)` of every field of `config_class` that counts, sizes or indexes (`whole_number_field`)."""
+    return [(f.name, "list[" in str(f.type)) for f in dataclasses.fields(config_class) if whole_number_field(f.type)]
+
+
+def test_the_whole_number_fields_include_the_families_counts():
+    names = {name for cls in CONFIGS for name, _ in whole_fields(cls)}
+    for name in (
+        "num_generations",
+        "steps_per_generation",
+        "max_completion_length",
+        "top_k",
+        "preference_pairs_per_sample",
+        "pair_steps_per_generation",
+        "comparator_history_k",
+        "comparator_num_generations",
+        "replay_k",
+        "replay_sample_size",
+        "pair_batch_size",
+        "pair_passes",
+        "reward_num_train_epochs",
+        "reward_train_batch_size",
+        "reward_max_length",
+        "critic_value_head_hidden_dim",
+        "rollout_buffer_size",
+    ):
+        assert name in names, name
+
+
+@pytest.mark.parametrize("config_class", CONFIGS, ids=lambda c: c.__name__)
+def test_fractional_counts_are_refused_naming_the_field(tmp_path, config_class):
+    """A fraction in a field of whole numbers is refused by the config, naming it; before, `pair_passes=1.5` or
+    `reward_num_train_epochs=1.5` passed every range check and failed in `train()` as a bare `TypeError` (in
+    `range()`, a slice, a sampler), and `replay_k=1.7` was cut to 1."""
+    accepted = []
+    for name, listed in whole_fields(config_class):
+        given = [1.5] if listed else 1.5
+        try:
+            config_class(output_dir=str(tmp_path), report_to="none", **{name: given})
+        except ValueError as error:
+            if f"`{name}` must be a whole number" not in str(error):
+                accepted.append(f"{name}: {error}")
+        else:
+            accepted.append(f"{name}: accepted")
+    assert not accepted, "\n".join(accepted)
+
+
+def test_a_whole_float_becomes_the_int(tmp_path):
+    config = MultiAgentIterativeDPOConfig(
+        output_dir=str(tmp_path), report_to="none", num_agents=2, num_generations=4.0, pair_batch_size=2.0,
+        top_k=[3.0, 5.0],
+    )  # fmt: skip
+    assert (config.num_generations, config.pair_batch_size, config.top_k) == (4, 2, [3, 5])
+    assert all(type(v) is int for v in (config.num_generations, config.pair_batch_size, *config.top_k))
 
 
 # ---- a non-finite loss stops training, naming the loss and the step, before any weight takes it

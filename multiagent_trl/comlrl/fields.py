@@ -13,6 +13,8 @@ from typing import NamedTuple
 import torch
 from transformers import TrainingArguments
 
+from ..config import whole_number
+
 
 class Field(NamedTuple):
     """One row: CoMLRL's name, what it becomes here, and what it accepts (`minimum`, `choices` and `positive` are
@@ -283,7 +285,7 @@ def comlrl_config(family: str):
             trainer_property = getattr(TrainingArguments, name)
 
             def setter(self, value, name=name):
-                self.__dict__[f"comlrl_{name}"] = value
+                self.__dict__[f"comlrl_{name}"] = whole_number(name, value)
 
             doc = f"Trainer's; CoMLRL's: comlrl_{name}."
             setattr(config_cls, name, property(trainer_property.fget, setter, doc=doc))
