@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -95,6 +96,32 @@ def test_epochs_per_round_spans_a_round_over_several_epochs(tmp_path):
         "iteration_0001.json",
         "iteration_0002.json",
     ]
+
+
+def test_a_run_resumed_at_a_round_start_trains_that_rounds_reward_model(tmp_path):
+    """A run that stopped after drawing round 2 (its shard is on disk) but before its next checkpoint resumes from the
+    checkpoint at round 1's end: round 2 is drawn and its reward model trained again. Before, the shard on disk made
+    the round count as resumed inside it, and round 2 trained the team on round 1's reward model. `RoundSaves` keeps
+    the team training started from in `initial/` (before, a resume overwrote it with the checkpoint's)."""
+    trainer = build(tmp_path, num_train_epochs=2, save_strategy="steps", save_steps=2)
+    trainer.add_callback(RoundSaves(trainer, str(tmp_path / "rounds")))
+    trainer.train()
+    output = trainer.args.output_dir
+    assert trainer.state.global_step == 4 and os.path.isfile(
+        os.path.join(output, "preference_replay/iteration_0002.json")
+    )
+    initial = JointRewardModel.from_pretrained(str(tmp_path / "rounds/initial/reward_model")).reward_head.weight
+    first_round = JointRewardModel.from_pretrained(os.path.join(output, "checkpoint-2/reward_model"))
+    shutil.rmtree(os.path.join(output, "checkpoint-4"))  # the run stopped inside round 2
+
+    resumed = build(tmp_path, num_train_epochs=2, save_strategy="steps", save_steps=2)
+    resumed.add_callback(RoundSaves(resumed, str(tmp_path / "rounds")))
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 4 and not resumed.round_reloaded
+    assert len(resumed.reward_model_histories) == 1  # round 2's reward model, trained on round 2's pairs
+    assert not torch.equal(resumed.reward_model.reward_head.weight, first_round.reward_head.weight)
+    kept = JointRewardModel.from_pretrained(str(tmp_path / "rounds/initial/reward_model")).reward_head.weight
+    assert torch.equal(kept, initial)
 
 
 def test_the_history_comparator_draws_against_the_policy_of_k_rounds_back(tmp_path):

@@ -134,6 +134,17 @@ def test_checkpoints_hold_the_reward_model_and_resume_restores_it(tmp_path):
     assert os.path.isdir(os.path.join(args.output_dir, "checkpoint-3", "reward_model"))
 
 
+def test_resuming_without_a_checkpoint_is_refused_before_the_reward_model_stage(tmp_path):
+    """`train(resume_from_checkpoint=True)` with no checkpoint in `output_dir` raises Trainer's error, before the pair
+    draw and the reward model's training (which before ran first, and were lost to the error)."""
+    trainer = MultiAgentRLHFTrainer(
+        model=tiny_model_path(), reward_funcs=length_reward, args=rlhf_args(tmp_path), train_dataset=DATASET
+    )
+    with pytest.raises(ValueError, match="No valid checkpoint found in output directory"):
+        trainer.train(resume_from_checkpoint=True)
+    assert trainer.preference_pairs == [] and trainer.reward_model_history == []
+
+
 @pytest.mark.parametrize(
     "overrides, match",
     [

@@ -448,8 +448,11 @@ class IterativeRounds:
         """Draw (or, resuming, reload) round `index`'s pairs, write its shard and pick the training pairs."""
         args = self.args
         path = os.path.join(self.replay_dir, f"iteration_{index + 1:04d}.json")
-        # A resumed run (steps already taken) reloads its round's shard; a fresh one draws anew over older shards.
-        self.round_reloaded = os.path.exists(path) and self.round_index < 0 and self.state.global_step > 0
+        # A run resumed inside this round (its checkpoint is past the round's first epoch) reloads the round's shard;
+        # a fresh run, or one resumed at the round's start (a shard written after that checkpoint, by the run that
+        # stopped, was not trained on), draws it anew over older shards.
+        resumed_inside = self.round_index < 0 and round(self.state.epoch or 0, 6) > index * self.epochs_per_round
+        self.round_reloaded = resumed_inside and os.path.exists(path)
         if self.round_reloaded:  # resumed inside this round: its pairs are on disk
             current = load_records(ReplayShard(index + 1, path, 0))
             self.round_candidate_rewards = ([], [])
@@ -496,7 +499,8 @@ class RoundSaves(TrainerCallback):
         self.trainer, self.folder = trainer, folder
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.trainer.save_model(os.path.join(self.folder, "initial"))
+        if state.global_step == 0:  # a resumed run began from a checkpoint, not from the team `initial/` holds
+            self.trainer.save_model(os.path.join(self.folder, "initial"))
 
     def on_epoch_end(self, args, state, control, **kwargs):
         # The epochs done: a pair round that drew fewer pairs than the most ends early, at a fraction of its epoch.

@@ -276,7 +276,10 @@ class RewardModelStage:
         """Before online training: restore the reward model from `checkpoint` (`True`: the latest in `output_dir`),
         else train it (once per trainer), then score training batches with it."""
         if checkpoint is True:
-            checkpoint = get_last_checkpoint(output_dir or self.args.output_dir)
+            folder = output_dir or self.args.output_dir
+            checkpoint = get_last_checkpoint(folder)
+            if checkpoint is None:  # Trainer's refusal, before the stage spends its draw and training
+                raise ValueError(f"No valid checkpoint found in output directory ({folder})")
         if isinstance(checkpoint, str):
             self.check_checkpoint(checkpoint)  # the whole checkpoint, before the reward model is loaded from it
         restored = isinstance(checkpoint, str) and self.restore_reward_model(checkpoint)
