@@ -342,6 +342,33 @@ def test_the_history_comparator_resumes_from_the_round_starts_it_wrote(tmp_path)
         again.train(resume_from_checkpoint=os.path.join(first.args.output_dir, "checkpoint-6"))
 
 
+def served_pairs(trainer) -> list[tuple[int, int]]:
+    """Record `(step, the pair's index in its round)` of every pair a training batch is built from."""
+    served, token_ids = [], trainer.record_token_ids
+
+    def recording_token_ids(record):
+        served.append((trainer.state.global_step, trainer.round_pairs.index(record)))
+        return token_ids(record)
+
+    trainer.record_token_ids = recording_token_ids
+    return served
+
+
+def test_a_run_resumed_inside_a_round_goes_on_with_the_pairs_not_reached(tmp_path):
+    """Round 2 serves its 8 pairs in 2 generation batches of 4 (steps 5-6, then 7-8). Resumed from checkpoint-6, after
+    the first batch, the run trains steps 7-8 on pairs 4-7, as the run that stopped would have; before, the round's
+    cursor started over, training pairs 0-3 twice and never 4-7."""
+    first = build(tmp_path, rounds=2, save_strategy="steps", save_steps=2)
+    uninterrupted = served_pairs(first)
+    first.train()
+    resumed = build(tmp_path, rounds=2, save_strategy="steps", save_steps=2)
+    again = served_pairs(resumed)
+    resumed.train(resume_from_checkpoint=os.path.join(first.args.output_dir, "checkpoint-6"))
+    assert resumed.round_reloaded and resumed.round_pairs == first.round_pairs and len(first.round_pairs) == 8
+    assert [i for step, i in uninterrupted if step == 4] == [0, 1, 2, 3]
+    assert [i for step, i in again] == [i for step, i in uninterrupted if step == 6] == [4, 5, 6, 7]
+
+
 REPLAY_RULES = [
     (dict(replay_mode="all_history", replay_k=2), "`replay_k` is only valid with `replay_mode='nearest_k'`"),
     (dict(replay_mode="current", replay_k=3), "`replay_k` must be None or 1"),

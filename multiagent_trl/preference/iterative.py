@@ -12,7 +12,8 @@ pairs, so a round's length follows the pairs it drew (CoMLRL's MADPOIter, `comlr
 
 Everything else is Trainer's, over the whole run: one optimizer, one learning-rate schedule, one `global_step`,
 callbacks, gradient accumulation, logging, checkpoints. Resuming inside a round reloads that round's shard (its pairs
-are not drawn again) and draws the replay sample again.
+are not drawn again), draws the replay sample again and serves the pairs the stopped run had not reached
+(`pairs_served_before`); resuming at a round's start draws the round anew.
 
 With several processes (`accelerate launch`, DDP), each plays its share of the prompts, the pairs are gathered so
 that every process holds the round's pairs, the process that saves writes the shard (and the history comparator's
@@ -617,8 +618,19 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
 
     def get_train_dataloader(self):
         if self.args.pair_batch_size is None:
-            return super().get_train_dataloader()
+            loader = super().get_train_dataloader()
+            self.epoch_micro_batches = len(loader)  # Trainer's `steps_in_epoch`, which `state.epoch` counts in
+            return loader
         return RoundPairBatches(self, self.round_micro_batches(self.most_round_pairs()))
+
+    def pairs_served_before(self, index: int, slots: int) -> int:
+        """At round `index`'s first generation batch of this run, the round's pairs already served: none, or, for a
+        run resumed inside the round, those of the generation batches before its checkpoint (`slots` per process
+        each), so that it goes on with the pairs the stopped run had not reached. Trainer's `state.epoch` counts
+        the round's micro-batches done; a generation batch serves `pair_steps * num_iterations` of them."""
+        done = round(round((self.state.epoch or 0) - index, 6) * self.epoch_micro_batches)
+        batches = -(-done // (self.args.pair_steps * self.num_iterations))
+        return batches * self.accelerator.num_processes * slots
 
     def pair_batches(self, epoch: int) -> Iterator[dict[str, Any]]:
         """This process's micro-batches of round `epoch` (with `pair_batch_size`): the round's training pairs (drawn
@@ -648,13 +660,13 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
             self._first_train_row = dict(inputs[0])
         index = int(self.state.epoch or 0)  # a round is an epoch: Trainer counts them, resumes included
         round_pairs = self.round_pairs_for(index)
-        if self._round_cursor[0] != index:
-            self._round_cursor = (index, 0)
-        served = self._round_cursor[1]
         # As many rows as MultiAgentDPOTrainer's batch of these prompts: whole optimizer steps.
         steps = self.args.pair_steps
         nodes = len(inputs) // self.num_generations
         slots = -(-nodes * self.args.pairs_per_prompt // steps) * steps
+        if self._round_cursor[0] != index:
+            self._round_cursor = (index, self.pairs_served_before(index, slots))
+        served = self._round_cursor[1]
         # The round's pairs in order, cycled, each process taking the next `slots` after those before it.
         first = served + self.accelerator.process_index * slots
         batch = [round_pairs[(first + k) % len(round_pairs)] for k in range(slots)]
