@@ -92,6 +92,31 @@ def whole_number(name: str, value: Any) -> Any:
     return values if isinstance(value, (list, tuple)) else values[0]
 
 
+# Ranges of settings that TRL and transformers take without a check: out of range, the sampling settings fail at the
+# first `generate` inside `train()` without naming the setting (or, `top_p` above 1, are silently 1), a negative
+# learning rate fails in the optimizer, and a negative `beta` or `epsilon` trains the wrong way without an error.
+SETTING_RANGES = {
+    "temperature": (lambda v: v > 0, "> 0 (sampling divides the logits by it)"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1] (1: no nucleus filtering)"),
+    "top_k": (lambda v: v >= 0, ">= 0 (0: no top-k filtering)"),
+    "min_p": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "repetition_penalty": (lambda v: v > 0, "> 0 (1: no penalty)"),
+    "learning_rate": (lambda v: v >= 0, ">= 0"),
+    "beta": (lambda v: v >= 0, ">= 0 (0: no KL term)"),
+    "epsilon": (lambda v: v >= 0, ">= 0 (the clip range)"),
+}
+
+
+def check_setting_ranges(config: Any) -> None:
+    """Raise a `ValueError` naming the first setting of `SETTING_RANGES` (one value, or one per agent) out of its
+    range; `None` (no value) passes."""
+    for name, (allowed, bound) in SETTING_RANGES.items():
+        value = getattr(config, name, None)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if any(v is not None and not isinstance(v, bool) and not allowed(v) for v in values):
+            raise ValueError(f"`{name}` must be {bound}, got {value!r}.")
+
+
 @dataclass
 class MultiAgentGRPOConfig(GRPOConfig):
     r"""
@@ -408,6 +433,7 @@ class MultiAgentGRPOConfig(GRPOConfig):
         check_finite_settings(self)
         check_whole_settings(self)
         self._normalize_agent_settings()
+        check_setting_ranges(self)
         # TRL resolves an unset bf16 to True, which fails on a machine without a bf16-capable accelerator. Resolve it
         # from the hardware instead; an explicit choice is left to TRL and transformers to validate.
         if self.bf16 is None and not self.fp16:

@@ -34,7 +34,7 @@ from multiagent_trl.comlrl import (
     MARLOOConfig,
 )
 from multiagent_trl.comlrl.actor_critic import item_reward
-from multiagent_trl.config import whole_number_field
+from multiagent_trl.config import SETTING_RANGES, whole_number_field
 from multiagent_trl.preference.config import MultiAgentDPOConfig
 from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig
 from multiagent_trl.preference.iterative_rlhf import MultiAgentIterativeRLHFConfig
@@ -168,6 +168,33 @@ def test_a_whole_float_becomes_the_int(tmp_path):
     )  # fmt: skip
     assert (config.num_generations, config.pair_batch_size, config.top_k) == (4, 2, [3, 5])
     assert all(type(v) is int for v in (config.num_generations, config.pair_batch_size, *config.top_k))
+
+
+OUT_OF_RANGE = {
+    "temperature": 0.0,
+    "top_p": 2.0,
+    "top_k": -3,
+    "min_p": 5.0,
+    "repetition_penalty": 0.0,
+    "learning_rate": -1e-3,
+    "beta": -0.1,
+    "epsilon": -0.2,
+}
+NATIVE_CONFIGS = [cls for cls in CONFIGS if not cls.__module__.startswith("multiagent_trl.comlrl")]
+
+
+@pytest.mark.parametrize("config_class", NATIVE_CONFIGS, ids=lambda c: c.__name__)
+def test_settings_out_of_range_are_refused_by_the_config(tmp_path, config_class):
+    """Sampling settings out of range failed inside `train()`, at the first `generate`, in transformers' words (which
+    name no agent and call `repetition_penalty` "penalty"), or, `top_p` above 1, acted as 1 without a word; a negative
+    learning rate failed in the optimizer; a negative `beta` or `epsilon` trained. Each is refused by the config, one
+    value or one per agent."""
+    assert set(OUT_OF_RANGE) == set(SETTING_RANGES)
+    for name, value in OUT_OF_RANGE.items():
+        with pytest.raises(ValueError, match=rf"`{name}` must be"):
+            config_class(output_dir=str(tmp_path), report_to="none", **{name: value})
+    with pytest.raises(ValueError, match=r"`top_p` must be in \(0, 1\]"):
+        config_class(output_dir=str(tmp_path), report_to="none", num_agents=2, top_p=[0.9, 7.0])
 
 
 # ---- a non-finite loss stops training, naming the loss and the step, before any weight takes it

@@ -143,6 +143,8 @@ def test_pair_rounds_refuse_what_they_cannot_do(tmp_path):
         small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, pair_passes=2)
     with pytest.raises(ValueError, match="num_train_epochs"):
         small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, pair_batch_size=2, max_steps=4)
+    with pytest.raises(ValueError, match=r"`num_train_epochs=1.5` counts the rounds"):  # before: half a round drew one
+        small_args(tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, num_train_epochs=1.5, max_steps=-1)
     trainer = build(tmp_path, rounds=1, pair_batch_size=2)
     with pytest.raises(NotImplementedError, match="Resuming"):
         trainer.train(resume_from_checkpoint=str(tmp_path))
@@ -306,6 +308,14 @@ def test_the_model_comparator_is_refused_what_it_cannot_hold(tmp_path):
         build(tmp_path, comparator="model", comparator_model=tiny_model_path("tiny-llama"))
     with pytest.raises(ValueError, match="names 3 models for 2 agents"):
         build(tmp_path, comparator="model", comparator_model=[tiny_model_path()] * 3)
+    # Before: the Hub client's "Repo id must be in the form", and "'Qwen2ForCausalLM' object is not iterable".
+    with pytest.raises(ValueError, match=r"`comparator_model` '/no/such/model' is not a model id or a folder"):
+        build(tmp_path, comparator="model", comparator_model="/no/such/model")
+    with pytest.raises(TypeError, match="`comparator_model` takes model ids or folders .* got Qwen2ForCausalLM"):
+        small_args(
+            tmp_path, MultiAgentIterativeDPOConfig, num_agents=2, comparator="model",
+            comparator_model=AutoModelForCausalLM.from_pretrained(tiny_model_path()),
+        )  # fmt: skip
     with pytest.raises(NotImplementedError, match="a team of LoRA adapters cannot hold"):
         MultiAgentIterativeDPOTrainer(
             model=tiny_model_path(),

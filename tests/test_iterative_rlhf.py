@@ -174,6 +174,7 @@ def test_pair_scoring_reward_model_ranks_later_rounds_by_the_previous_reward_mod
         (dict(epochs_per_round=0), "epochs_per_round"),
         (dict(epochs_per_round=1.5), "epochs_per_round"),
         (dict(num_train_epochs=3, epochs_per_round=2), "whole number of rounds"),
+        (dict(num_train_epochs=1.5), "whole number of rounds"),  # before: accepted, half a round drew a whole one
         (dict(pair_scoring="human"), "pair_scoring"),
     ],
 )

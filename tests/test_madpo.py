@@ -504,6 +504,13 @@ def test_pair_steps_that_do_not_divide_the_completions_are_accepted():
         (dict(num_turns=2), "num_turns=1"),
         (dict(joint_mode="cross"), "joint_mode='aligned'"),
         (dict(beta=0.1), "dpo_beta"),
+        # Fewer pairs than optimizer steps: before, the steps without one trained on weight-0 rows (loss 0), and the
+        # weights still moved.
+        (
+            dict(per_device_train_batch_size=2, steps_per_generation=4, preference_pairs_per_sample=1),
+            r"2 prompt\(s\) per process .* at most 1 pair\(s\) each, fewer pairs than its 4 optimizer steps",
+        ),
+        (dict(pair_steps_per_generation=7), r"than its 7 optimizer steps \(`pair_steps_per_generation`\)"),
     ],
 )
 def test_native_config_checks(tmp_path, fields, message):

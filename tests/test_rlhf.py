@@ -175,6 +175,9 @@ def test_bad_trainer_arguments_raise_at_construction(tmp_path):
         MultiAgentRLHFTrainer(**common, reward_funcs=length_reward, preference_pairs=[one_agent])
     with pytest.raises(TypeError, match="reward_model"):
         MultiAgentRLHFTrainer(**common, reward_funcs=length_reward, reward_model="not a model")
+    three_agents = JointRewardModel.from_causal_lm(tiny_model_path(), pooling="span_sums", num_agents=3)
+    with pytest.raises(ValueError, match=r"`reward_model` pools 3 agents' responses .* build it with `num_agents=2`"):
+        MultiAgentRLHFTrainer(**common, reward_funcs=length_reward, reward_model=three_agents)
     with pytest.raises(TypeError, match="MultiAgentRLHFConfig"):
         MultiAgentRLHFTrainer(model=tiny_model_path(), reward_funcs=length_reward, args=small_args(tmp_path))
 

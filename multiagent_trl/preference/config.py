@@ -138,11 +138,26 @@ class MultiAgentDPOConfig(MultiAgentGRPOConfig):
                 f"`joint_mode='aligned'` (got {self.joint_mode!r})."
             )
         super().__post_init__()
+        self.check_pair_steps()
         betas = self.beta if isinstance(self.beta, list) else [self.beta]
         if any(b != 0.0 for b in betas):
             raise ValueError(
                 f"`beta={self.beta}` is GRPO's KL coefficient, which the DPO loss does not use: leave it at 0. DPO's "
                 "inverse temperature is `dpo_beta`; a reference model comes with `reference_free=False`."
+            )
+
+    def check_pair_steps(self) -> None:
+        """Raise when a generation batch's pair rows (each process's prompts x `pairs_per_prompt`) are fewer than its
+        optimizer steps (`pair_steps`): a step without a pair would still move the weights (AdamW's momentum and
+        weight decay) and use up the schedule."""
+        prompts = self.per_device_train_batch_size * self.steps_per_generation // self.num_generations
+        if prompts * self.pairs_per_prompt < self.pair_steps:
+            steps = "pair_steps_per_generation" if self.pair_steps_per_generation else "steps_per_generation"
+            raise ValueError(
+                f"A generation batch holds {prompts} prompt(s) per process (`per_device_train_batch_size * "
+                f"steps_per_generation / num_generations`) of at most {self.pairs_per_prompt} pair(s) each, fewer "
+                f"pairs than its {self.pair_steps} optimizer steps (`{steps}`): some steps would train on no pair. "
+                f"Raise `per_device_train_batch_size` or `preference_pairs_per_sample`, or lower `{steps}`."
             )
 
     @property

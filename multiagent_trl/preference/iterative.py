@@ -88,6 +88,16 @@ class IterativeRoundFields:
                 "`comparator='model'` needs `comparator_model` (a model id or path, or one per agent), and "
                 "`comparator_model` is only valid with `comparator='model'`."
             )
+        sources = self.comparator_model
+        sources = [sources] if isinstance(sources, (str, os.PathLike)) else sources
+        if sources is not None and not (
+            isinstance(sources, (list, tuple)) and all(isinstance(s, (str, os.PathLike)) for s in sources)
+        ):
+            raise TypeError(
+                f"`comparator_model` takes model ids or folders (one for every agent, or one per agent), got "
+                f"{type(self.comparator_model).__name__}: save a model object with `save_pretrained` and pass its "
+                "folder (the weights are loaded once and kept on the CPU)."
+            )
         if self.comparator == "history":
             self.comparator_history_k = 1 if self.comparator_history_k is None else self.comparator_history_k
             if self.comparator_history_k < 1:
@@ -157,6 +167,11 @@ class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
             raise ValueError(f"`pair_batch_size` must be at least 1, or None; got {self.pair_batch_size}.")
         if self.pair_passes < 1:
             raise ValueError(f"`pair_passes` must be at least 1, got {self.pair_passes}.")
+        if self.max_steps <= 0 and not float(self.num_train_epochs).is_integer():
+            raise ValueError(
+                f"`num_train_epochs={self.num_train_epochs}` counts the rounds, each drawing its pairs over the whole "
+                "training set: give a whole number (a part of a round would draw a whole round's pairs)."
+            )
         if self.pair_batch_size is None and self.pair_passes != 1:
             raise ValueError("`pair_passes` counts passes over a round's pairs: it needs `pair_batch_size`.")
         if self.pair_batch_size is not None and self.max_steps > 0:
@@ -165,6 +180,10 @@ class MultiAgentIterativeDPOConfig(IterativeRoundFields, MultiAgentDPOConfig):
                 "run is set by rounds. Set `num_train_epochs` (the rounds) and leave `max_steps=-1`."
             )
         super().__post_init__()
+
+    def check_pair_steps(self) -> None:
+        """Nothing to check: a round fills every pair row of a generation batch with its pairs (cycled), and with
+        `pair_batch_size` the steps follow the pairs."""
 
 
 def candidate_sets(level, width: int, reward_weights: torch.Tensor, process_index: int = 0) -> list[dict[str, Any]]:
@@ -336,7 +355,14 @@ class IterativeRounds:
         for i, (agent, source) in enumerate(zip(self.model.agents, sources)):
             key = (str(source), agent.dtype)
             if key not in models:
-                models[key] = dict(AutoModelForCausalLM.from_pretrained(key[0], dtype=key[1]).named_parameters())
+                try:
+                    model = AutoModelForCausalLM.from_pretrained(key[0], dtype=key[1])
+                except (OSError, ValueError) as error:
+                    raise ValueError(
+                        f"`comparator_model` {source!r} is not a model id or a folder holding a saved causal LM "
+                        f"({error})."
+                    ) from error
+                models[key] = dict(model.named_parameters())
             loaded = models[key]
             for name, p in agent.named_parameters():
                 if name not in loaded or loaded[name].shape != p.shape:

@@ -41,7 +41,7 @@ def check_reward_round_fields(config) -> None:
         raise ValueError(f"`epochs_per_round` must be at least 1, got {config.epochs_per_round}.")
     config.epochs_per_round = int(config.epochs_per_round)
     rounds = config.num_train_epochs / config.epochs_per_round
-    if config.epochs_per_round > 1 and config.max_steps <= 0 and rounds != int(rounds):
+    if config.max_steps <= 0 and rounds != int(rounds):  # a part of a round would draw a whole round's pairs
         raise ValueError(
             f"`num_train_epochs={config.num_train_epochs}` is not a whole number of rounds of `epochs_per_round="
             f"{config.epochs_per_round}` epochs: set `num_train_epochs` to rounds x `epochs_per_round`."

@@ -210,6 +210,11 @@ class RewardModelStage:
                 reward_model.max_length = args.reward_max_length
             if reward_model.tokenizer is None:
                 raise ValueError("`reward_model` has no tokenizer: build it with one to score joint texts.")
+        if reward_model.num_agents is not None and reward_model.num_agents != self.num_agents:
+            raise ValueError(
+                f"`reward_model` pools {reward_model.num_agents} agents' responses (`pooling={reward_model.pooling!r}`"
+                f"), but the team has {self.num_agents}: build it with `num_agents={self.num_agents}`."
+            )
         self.reward_model = reward_model.to(self.reward_device)
         self.given_preference_pairs = check_preference_pairs(preference_pairs, self.num_agents)
         self.preference_pairs: list[JointPreferencePair] = []
