@@ -94,7 +94,8 @@ def whole_number(name: str, value: Any) -> Any:
 
 # Ranges of settings that TRL and transformers take without a check: out of range, the sampling settings fail at the
 # first `generate` inside `train()` without naming the setting (or, `top_p` above 1, are silently 1), a negative
-# learning rate fails in the optimizer, and a negative `beta` or `epsilon` trains the wrong way without an error.
+# learning rate fails in the optimizer, a negative `beta` or `epsilon` trains the wrong way without an error, and
+# `num_iterations=0` trains no step.
 SETTING_RANGES = {
     "temperature": (lambda v: v > 0, "> 0 (sampling divides the logits by it)"),
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1] (1: no nucleus filtering)"),
@@ -104,6 +105,7 @@ SETTING_RANGES = {
     "learning_rate": (lambda v: v >= 0, ">= 0"),
     "beta": (lambda v: v >= 0, ">= 0 (0: no KL term)"),
     "epsilon": (lambda v: v >= 0, ">= 0 (the clip range)"),
+    "num_iterations": (lambda v: v >= 1, ">= 1 (updates per generation batch)"),
 }
 
 

@@ -446,7 +446,17 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
 
     def _get_train_sampler(self, dataset: Dataset | None = None):
         sampler = super()._get_train_sampler(dataset)
-        return covering(sampler) if self.covers_every_item else sampler
+        sampler = covering(sampler) if self.covers_every_item else sampler
+        if len(sampler) == 0:  # Trainer would log a warning and return after no step
+            rows = len(sampler.data_source)
+            raise ValueError(
+                f"`train_dataset` has {rows} rows, fewer than one generation batch's {sampler.batch_size} prompts "
+                "(`generation_batch_size / num_generations`, every process's together): training would take no "
+                "step. Add rows, or lower `per_device_train_batch_size` or `steps_per_generation`."
+                if rows
+                else "`train_dataset` is empty: training would take no step. Pass a dataset with rows."
+            )
+        return sampler
 
     def _rollouts(self, agent_inputs: list[list[dict]], mode: str) -> list[Rollout]:
         """Every agent generates from its rows' prompts (one `generate` call for all agents in batched mode)."""

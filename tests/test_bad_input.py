@@ -36,15 +36,15 @@ from multiagent_trl.comlrl import (
 from multiagent_trl.comlrl.actor_critic import item_reward
 from multiagent_trl.config import SETTING_RANGES, whole_number_field
 from multiagent_trl.preference.config import MultiAgentDPOConfig
-from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig
+from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
 from multiagent_trl.preference.iterative_rlhf import MultiAgentIterativeRLHFConfig
 from multiagent_trl.preference.reward_model import JointRewardModel
 from multiagent_trl.preference.reward_training import JointPreferencePair, train_reward_model
-from multiagent_trl.preference.rlhf import MultiAgentRLHFConfig
+from multiagent_trl.preference.rlhf import MultiAgentRLHFConfig, MultiAgentRLHFTrainer
 from multiagent_trl.preference.rlhf_actor_critic import ActorCriticRLHFConfig
 from multiagent_trl.preference.trainer import MultiAgentDPOTrainer
 
-from .conftest import changed, small_args, snapshot
+from .conftest import changed, length_ratio, small_args, snapshot
 from .test_actor_critic import other_vocabulary_model
 
 CONFIGS = [
@@ -179,6 +179,7 @@ OUT_OF_RANGE = {
     "learning_rate": -1e-3,
     "beta": -0.1,
     "epsilon": -0.2,
+    "num_iterations": 0,
 }
 NATIVE_CONFIGS = [cls for cls in CONFIGS if not cls.__module__.startswith("multiagent_trl.comlrl")]
 
@@ -187,14 +188,49 @@ NATIVE_CONFIGS = [cls for cls in CONFIGS if not cls.__module__.startswith("multi
 def test_settings_out_of_range_are_refused_by_the_config(tmp_path, config_class):
     """Sampling settings out of range failed inside `train()`, at the first `generate`, in transformers' words (which
     name no agent and call `repetition_penalty` "penalty"), or, `top_p` above 1, acted as 1 without a word; a negative
-    learning rate failed in the optimizer; a negative `beta` or `epsilon` trained. Each is refused by the config, one
-    value or one per agent."""
+    learning rate failed in the optimizer; a negative `beta` or `epsilon` trained; `num_iterations=0` trained no step.
+    Each is refused by the config, one value or one per agent."""
     assert set(OUT_OF_RANGE) == set(SETTING_RANGES)
     for name, value in OUT_OF_RANGE.items():
         with pytest.raises(ValueError, match=rf"`{name}` must be"):
             config_class(output_dir=str(tmp_path), report_to="none", **{name: value})
     with pytest.raises(ValueError, match=r"`top_p` must be in \(0, 1\]"):
         config_class(output_dir=str(tmp_path), report_to="none", num_agents=2, top_p=[0.9, 7.0])
+
+
+EMPTY_DATASET_TRAINERS = {
+    "grpo": (MultiAgentGRPOConfig, MultiAgentGRPOTrainer, {}),
+    "dpo": (MultiAgentDPOConfig, MultiAgentDPOTrainer, {}),
+    "iterative_dpo": (MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer, {}),
+    "iterative_dpo_pairs": (MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer, {"pair_batch_size": 1}),
+    "rlhf": (MultiAgentRLHFConfig, MultiAgentRLHFTrainer, {}),
+    "actor_critic": (ActorCriticConfig, ActorCriticTrainer, {}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(EMPTY_DATASET_TRAINERS))
+def test_a_dataset_that_fills_no_generation_batch_is_refused_when_training_starts(tmp_path, tiny_path, family):
+    """Before, an empty dataset trained no step and returned (Trainer's warning only), or failed on Trainer's
+    "args.max_steps must be set" (iterative DPO); RLHF's empty one raised after nothing, a one-row one after its whole
+    reward-model stage."""
+    config_class, trainer_class, settings = EMPTY_DATASET_TRAINERS[family]
+    if family.startswith("iterative"):
+        settings = {**settings, "max_steps": -1}
+    args = small_args(tmp_path, config_class, num_agents=2, **settings)
+    for rows, message in ((0, r"`train_dataset` is empty"), (1, r"has 1 rows, fewer than one generation batch's 2")):
+        if rows and family != "grpo" and family != "rlhf":
+            continue  # these complete a short last batch (every item trained each epoch): one row trains
+        trainer = trainer_class(
+            model=tiny_path,
+            reward_funcs=length_ratio,
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": ["Say hi:"] * rows}),
+        )
+        with pytest.raises(ValueError, match=message):
+            trainer.train()
+        assert trainer.state.global_step == 0
+        if family == "rlhf":
+            assert trainer.preference_pairs == [] and trainer.reward_model_history == []
 
 
 # ---- a non-finite loss stops training, naming the loss and the step, before any weight takes it

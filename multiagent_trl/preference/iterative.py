@@ -647,6 +647,8 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
             loader = super().get_train_dataloader()
             self.epoch_micro_batches = len(loader)  # Trainer's `steps_in_epoch`, which `state.epoch` counts in
             return loader
+        if len(self.train_dataset) == 0:
+            raise ValueError("`train_dataset` is empty: a round would draw no pair. Pass a dataset with rows.")
         return RoundPairBatches(self, self.round_micro_batches(self.most_round_pairs()))
 
     def pairs_served_before(self, index: int, slots: int) -> int:

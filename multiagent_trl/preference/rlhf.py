@@ -280,6 +280,8 @@ class RewardModelStage:
     def prepare_online_reward(self, checkpoint: str | bool | None, output_dir: str | None = None) -> None:
         """Before online training: restore the reward model from `checkpoint` (`True`: the latest in `output_dir`),
         else train it (once per trainer), then score training batches with it."""
+        if hasattr(self.train_dataset, "__len__"):  # one that fills no generation batch raises before the stage's work
+            self._get_train_sampler(self.train_dataset)
         if checkpoint is True:
             folder = output_dir or self.args.output_dir
             checkpoint = get_last_checkpoint(folder)
