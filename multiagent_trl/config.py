@@ -50,13 +50,19 @@ def check_finite_settings(config: Any) -> None:
             )
 
 
-def whole_number_field(annotation: Any) -> bool:
-    """Whether a dataclass field annotated `annotation` holds whole numbers only: `int`, a per-agent `list[int]`, or
-    either of them or `None` (a string under `from __future__ import annotations`, or the type itself)."""
+def annotation_parts(annotation: Any) -> set[str]:
+    """The types a dataclass field's annotation unites, by name (`"int | None"`, `Optional[int]` and `int | None`
+    give `{"int", "None"}`): a string under `from __future__ import annotations`, or the type itself."""
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
     if text.startswith("Optional[") and text.endswith("]"):
         text = f"{text[len('Optional[') : -1]} | None"
-    parts = {part.strip() for part in text.split("|")}
+    return {part.strip() for part in text.split("|")}
+
+
+def whole_number_field(annotation: Any) -> bool:
+    """Whether a field annotated `annotation` holds whole numbers only: `int`, a per-agent `list[int]`, or either
+    of them or `None`."""
+    parts = annotation_parts(annotation)
     return bool(parts & {"int", "list[int]"}) and parts <= {"int", "list[int]", "None"}
 
 
@@ -78,6 +84,24 @@ def check_whole_settings(config: Any) -> None:
             whole = whole_number(f.name, value)
             if whole is not value:
                 setattr(config, f.name, whole)
+
+
+def check_flag_settings(config: Any) -> None:
+    """Raise a `ValueError` naming the first field of the dataclass `config` annotated `bool` (or `bool | None`) that
+    holds a string: every non-empty string is true, so `reference_free="False"` would read as True."""
+    for f in dataclasses.fields(config):
+        if f.init and annotation_parts(f.type) in ({"bool"}, {"bool", "None"}):
+            value = getattr(config, f.name, None)
+            if isinstance(value, str):
+                raise ValueError(f"`{f.name}` is a flag: pass True or False, got the string {value!r}.")
+
+
+def check_field_values(config: Any) -> None:
+    """What every config checks first, before a field is compared or mapped: `check_finite_settings`,
+    `check_whole_settings` and `check_flag_settings`."""
+    check_finite_settings(config)
+    check_whole_settings(config)
+    check_flag_settings(config)
 
 
 def whole_number(name: str, value: Any) -> Any:
@@ -424,16 +448,14 @@ class MultiAgentGRPOConfig(GRPOConfig):
 
             @functools.wraps(post_init)
             def checked_post_init(self):
-                check_finite_settings(self)
-                check_whole_settings(self)
+                check_field_values(self)
                 post_init(self)
 
             checked_post_init.checks_numbers_first = True
             cls.__post_init__ = checked_post_init
 
     def __post_init__(self):
-        check_finite_settings(self)
-        check_whole_settings(self)
+        check_field_values(self)
         self._normalize_agent_settings()
         check_setting_ranges(self)
         # TRL resolves an unset bf16 to True, which fails on a machine without a bf16-capable accelerator. Resolve it

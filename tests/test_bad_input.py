@@ -34,7 +34,7 @@ from multiagent_trl.comlrl import (
     MARLOOConfig,
 )
 from multiagent_trl.comlrl.actor_critic import item_reward
-from multiagent_trl.config import SETTING_RANGES, whole_number_field
+from multiagent_trl.config import SETTING_RANGES, annotation_parts, whole_number_field
 from multiagent_trl.preference.config import MultiAgentDPOConfig
 from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
 from multiagent_trl.preference.iterative_rlhf import MultiAgentIterativeRLHFConfig
@@ -155,6 +155,26 @@ def test_fractional_counts_are_refused_naming_the_field(tmp_path, config_class):
             config_class(output_dir=str(tmp_path), report_to="none", **{name: given})
         except ValueError as error:
             if f"`{name}` must be a whole number" not in str(error):
+                accepted.append(f"{name}: {error}")
+        else:
+            accepted.append(f"{name}: accepted")
+    assert not accepted, "\n".join(accepted)
+
+
+@pytest.mark.parametrize("config_class", CONFIGS, ids=lambda c: c.__name__)
+def test_a_string_in_a_flag_is_refused_naming_the_field(tmp_path, config_class):
+    """Every non-empty string is true: before, `reference_free="False"` built no reference models and
+    `value_normalization="False"` built the normalizers."""
+    flags = [
+        f.name for f in dataclasses.fields(config_class) if annotation_parts(f.type) in ({"bool"}, {"bool", "None"})
+    ]
+    assert {"reference_free", "value_normalization", "bf16"} & set(flags)
+    accepted = []
+    for name in flags:
+        try:
+            config_class(output_dir=str(tmp_path), report_to="none", **{name: "False"})
+        except ValueError as error:
+            if f"`{name}` is a flag" not in str(error):
                 accepted.append(f"{name}: {error}")
         else:
             accepted.append(f"{name}: accepted")
