@@ -381,6 +381,17 @@ def test_a_value_head_of_width_zero_is_refused(tmp_path, config_class, fields, n
         config_class(output_dir=str(tmp_path), report_to="none", **fields)
 
 
+def test_actor_critic_arguments_in_the_wrong_form_are_refused_at_construction(tmp_path, tiny_path, prompts_dataset):
+    """Before: `rollout_metrics=5` failed at the first step ("'int' object is not callable"), and a tokenizer's id as
+    `critic_processing_class` at construction as "'str' object has no attribute 'get_vocab'"."""
+    args = small_args(tmp_path, ActorCriticConfig, num_agents=2, num_generations=2, per_device_train_batch_size=4)
+    common = dict(model=tiny_path, reward_funcs=good_reward, args=args, train_dataset=prompts_dataset)
+    with pytest.raises(TypeError, match="`rollout_metrics` must be a callable"):
+        ActorCriticTrainer(**common, rollout_metrics=5)
+    with pytest.raises(TypeError, match="`critic_processing_class` takes tokenizers, not ids or paths"):
+        ActorCriticTrainer(**common, critic_model=tiny_path, critic_processing_class=tiny_path)
+
+
 def test_a_bogus_reward_model_device_is_refused_at_construction(tmp_path):
     with pytest.raises(ValueError, match=r"`reward_model_device='bogus'` is not a device"):
         MARLHFConfig(output_dir=str(tmp_path), report_to="none", reward_model_device="bogus")

@@ -209,6 +209,8 @@ class ActorCriticTrainer(MultiAgentGRPOTrainer):
         rollout_metrics: Callable[[list[RolloutSample]], dict[str, float]] | None = None,
         **kwargs,
     ):
+        if rollout_metrics is not None and not callable(rollout_metrics):
+            raise TypeError(f"`rollout_metrics` must be a callable, `samples -> dict`; got {rollout_metrics!r}.")
         self.rollout_metrics = rollout_metrics
         self._batch_rows: list[dict] | None = None
         if args is None:
@@ -778,6 +780,11 @@ def _per_critic(name: str, value, count: int) -> list | None:
     values = list(value) if isinstance(value, (list, tuple)) else [value] * count
     if len(values) != count:
         raise ValueError(f"`{name}` has {len(values)} entries for {count} critics: give one for all, or one each.")
+    if name == "critic_processing_class" and any(isinstance(v, (str, os.PathLike)) for v in values):
+        raise TypeError(
+            "`critic_processing_class` takes tokenizers, not ids or paths (as TRL's `processing_class`): load it "
+            "with `AutoTokenizer.from_pretrained(...)`, or leave it None for the critic model's own."
+        )
     return values
 
 
