@@ -175,6 +175,12 @@ def test_bad_trainer_arguments_raise_at_construction(tmp_path):
         MultiAgentRLHFTrainer(**common, reward_funcs=length_reward, preference_pairs=[one_agent])
     with pytest.raises(TypeError, match="reward_model"):
         MultiAgentRLHFTrainer(**common, reward_funcs=length_reward, reward_model="not a model")
+    # Before: 'meta' failed in train(), inside the kernels package; 'xpu' (absent here) raised torch's assertion.
+    absent = [] if torch.xpu.is_available() else [("xpu", "is not on this machine")]
+    for device, message in [("meta", "holds no weights"), *absent]:
+        args = rlhf_args(tmp_path, reward_model_device=device)
+        with pytest.raises(ValueError, match=rf"`reward_model_device='{device}'` {message}"):
+            MultiAgentRLHFTrainer(**{**common, "args": args}, reward_funcs=length_reward)
     three_agents = JointRewardModel.from_causal_lm(tiny_model_path(), pooling="span_sums", num_agents=3)
     with pytest.raises(ValueError, match=r"`reward_model` pools 3 agents' responses .* build it with `num_agents=2`"):
         MultiAgentRLHFTrainer(**common, reward_funcs=length_reward, reward_model=three_agents)
