@@ -32,7 +32,7 @@ def length_reward(completions1, completions2):
     return [float(len(a) + 2 * len(b)) for a, b in zip(completions1, completions2)]
 
 
-def build(tmp_path, **overrides):
+def build(tmp_path, eval_dataset=None, callbacks=None, **overrides):
     settings = dict(
         num_agents=2,
         max_steps=-1,
@@ -49,6 +49,8 @@ def build(tmp_path, **overrides):
         reward_funcs=length_reward,
         args=small_args(tmp_path, MultiAgentIterativeRLHFConfig, **settings),
         train_dataset=Dataset.from_dict({"prompt": [f"Row {i}: say something." for i in range(ROWS)]}),
+        eval_dataset=eval_dataset,
+        callbacks=callbacks,
     )
 
 
@@ -122,6 +124,32 @@ def test_a_run_resumed_at_a_round_start_trains_that_rounds_reward_model(tmp_path
     assert not torch.equal(resumed.reward_model.reward_head.weight, first_round.reward_head.weight)
     kept = JointRewardModel.from_pretrained(str(tmp_path / "rounds/initial/reward_model")).reward_head.weight
     assert torch.equal(kept, initial)
+
+
+class EarliestIsBest(TrainerCallback):
+    """Adds `eval_earliest` (minus the step) to every evaluation, so that with `metric_for_best_model="earliest"` the
+    first checkpoint evaluated is the best."""
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        metrics["eval_earliest"] = -float(state.global_step)
+
+
+def test_the_best_model_loaded_at_the_end_comes_with_its_rounds_reward_model(tmp_path):
+    """`load_best_model_at_end` with the best checkpoint in round 1: the agents and the reward model are round 1's.
+    Before, the agents were, and the reward model stayed round 2's."""
+    trainer = build(
+        tmp_path, num_train_epochs=2, save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2,
+        load_best_model_at_end=True, metric_for_best_model="earliest", greater_is_better=True,
+        eval_dataset=Dataset.from_dict({"prompt": ["Row 0: say something."]}), callbacks=[EarliestIsBest()],
+    )  # fmt: skip
+    trainer.train()
+    best = os.path.join(trainer.args.output_dir, "checkpoint-2")
+    assert trainer.state.global_step == 4 and trainer.state.best_model_checkpoint == best
+    saved = JointRewardModel.from_pretrained(os.path.join(best, "reward_model"))
+    last = JointRewardModel.from_pretrained(os.path.join(trainer.args.output_dir, "checkpoint-4", "reward_model"))
+    assert not torch.equal(saved.reward_head.weight, last.reward_head.weight)
+    for key, value in saved.state_dict().items():
+        torch.testing.assert_close(trainer.reward_model.state_dict()[key].cpu(), value, msg=key)
 
 
 def test_the_history_comparator_draws_against_the_policy_of_k_rounds_back(tmp_path):

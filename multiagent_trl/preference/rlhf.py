@@ -336,6 +336,13 @@ class RewardModelStage:
         with self.scored_by(self._online_reward):
             return super()._generate_and_score_completions(inputs)
 
+    def _load_best_model(self) -> None:
+        # `load_best_model_at_end`: the best checkpoint's agents come with the reward model they trained on, which
+        # iterative RLHF retrains every round.
+        super()._load_best_model()
+        if self._online_reward is not None:
+            self.restore_reward_model(self.state.best_model_checkpoint)
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The team (as the trainer saves it) and, once trained, the reward model (`output_dir/reward_model/`,
         reloadable with `JointRewardModel.from_pretrained`). Trainer's checkpoints go through here too."""
