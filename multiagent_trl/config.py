@@ -438,20 +438,20 @@ class MultiAgentGRPOConfig(GRPOConfig):
     )
 
     def __init_subclass__(cls, **kwargs):
-        # A subclass's `__post_init__` reads, compares and maps its fields before calling ours, so the non-finite and
-        # whole-number checks must come first in each: a NaN or a fraction would pass its range checks, or be mapped
-        # under another field's name. The one that runs first may be a mixin's listed before this class
-        # (`RewardModelFields`): whichever the class resolves to is wrapped, once.
+        # A subclass's `__post_init__` reads, compares and maps its fields before calling ours, so the value checks
+        # (`check_field_values`) must come first in each: a NaN, a fraction or a string flag would pass its range
+        # checks, or be mapped under another field's name. The one that runs first may be a mixin's listed before
+        # this class (`RewardModelFields`): whichever the class resolves to is wrapped, once.
         super().__init_subclass__(**kwargs)
         post_init = cls.__post_init__
-        if not getattr(post_init, "checks_numbers_first", False):
+        if not getattr(post_init, "checks_values_first", False):
 
             @functools.wraps(post_init)
             def checked_post_init(self):
                 check_field_values(self)
                 post_init(self)
 
-            checked_post_init.checks_numbers_first = True
+            checked_post_init.checks_values_first = True
             cls.__post_init__ = checked_post_init
 
     def __post_init__(self):
