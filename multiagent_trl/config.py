@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import math
 from collections.abc import Iterator
@@ -59,6 +60,17 @@ def annotation_parts(annotation: Any) -> set[str]:
     return {part.strip() for part in text.split("|")}
 
 
+def declared_type(config_class: type, name: str) -> Any:
+    """The annotation of field `name` as the first class of `config_class`'s MRO that declares it has it. Not
+    `dataclasses.Field.type`: transformers' `HfArgumentParser` rewrites that in place for every later reader (`str |
+    bool` becomes `bool`, so a parsed command line would make `include_num_input_tokens_seen="no"` read as a flag)."""
+    for cls in config_class.__mro__:
+        annotations = inspect.get_annotations(cls)
+        if name in annotations:
+            return annotations[name]
+    return None
+
+
 def whole_number_field(annotation: Any) -> bool:
     """Whether a field annotated `annotation` holds whole numbers only: `int`, a per-agent `list[int]`, or either
     of them or `None`."""
@@ -79,7 +91,7 @@ def check_whole_settings(config: Any) -> None:
     ValueError: `steps_per_generation` must be a whole number, got 1.5.
     """
     for f in dataclasses.fields(config):
-        if f.init and whole_number_field(f.type):
+        if f.init and whole_number_field(declared_type(type(config), f.name)):
             value = getattr(config, f.name, None)
             whole = whole_number(f.name, value)
             if whole is not value:
@@ -90,7 +102,7 @@ def check_flag_settings(config: Any) -> None:
     """Raise a `ValueError` naming the first field of the dataclass `config` annotated `bool` (or `bool | None`) that
     holds a string: every non-empty string is true, so `reference_free="False"` would read as True."""
     for f in dataclasses.fields(config):
-        if f.init and annotation_parts(f.type) in ({"bool"}, {"bool", "None"}):
+        if f.init and annotation_parts(declared_type(type(config), f.name)) in ({"bool"}, {"bool", "None"}):
             value = getattr(config, f.name, None)
             if isinstance(value, str):
                 raise ValueError(f"`{f.name}` is a flag: pass True or False, got the string {value!r}.")

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer
 from multiagent_trl.actor_critic.config import ActorCriticConfig
@@ -34,7 +34,7 @@ from multiagent_trl.comlrl import (
     MARLOOConfig,
 )
 from multiagent_trl.comlrl.actor_critic import item_reward
-from multiagent_trl.config import SETTING_RANGES, annotation_parts, whole_number_field
+from multiagent_trl.config import SETTING_RANGES, annotation_parts, declared_type, whole_number_field
 from multiagent_trl.preference.config import MultiAgentDPOConfig
 from multiagent_trl.preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
 from multiagent_trl.preference.iterative_rlhf import MultiAgentIterativeRLHFConfig
@@ -116,7 +116,8 @@ def test_non_finite_settings_are_refused_naming_the_field(tmp_path, config_class
 
 def whole_fields(config_class) -> list[tuple[str, bool]]:
     """`(name, takes a list)` of every field of `config_class` that counts, sizes or indexes (`whole_number_field`)."""
-    return [(f.name, "list[" in str(f.type)) for f in dataclasses.fields(config_class) if whole_number_field(f.type)]
+    declared = {f.name: declared_type(config_class, f.name) for f in dataclasses.fields(config_class)}
+    return [(name, "list[" in str(kind)) for name, kind in declared.items() if whole_number_field(kind)]
 
 
 def test_the_whole_number_fields_include_the_families_counts():
@@ -165,9 +166,8 @@ def test_fractional_counts_are_refused_naming_the_field(tmp_path, config_class):
 def test_a_string_in_a_flag_is_refused_naming_the_field(tmp_path, config_class):
     """Every non-empty string is true: before, `reference_free="False"` built no reference models and
     `value_normalization="False"` built the normalizers."""
-    flags = [
-        f.name for f in dataclasses.fields(config_class) if annotation_parts(f.type) in ({"bool"}, {"bool", "None"})
-    ]
+    declared = {f.name: declared_type(config_class, f.name) for f in dataclasses.fields(config_class)}
+    flags = [name for name, kind in declared.items() if annotation_parts(kind) in ({"bool"}, {"bool", "None"})]
     assert {"reference_free", "value_normalization", "bf16"} & set(flags)
     accepted = []
     for name in flags:
@@ -179,6 +179,15 @@ def test_a_string_in_a_flag_is_refused_naming_the_field(tmp_path, config_class):
         else:
             accepted.append(f"{name}: accepted")
     assert not accepted, "\n".join(accepted)
+
+
+def test_the_checks_read_the_declared_types_after_a_command_line_is_parsed(tmp_path):
+    """`HfArgumentParser` rewrites the dataclass fields' `type` in place (`str | bool` becomes `bool`): read from
+    there, every config built after a parse refused TRL's default `include_num_input_tokens_seen="no"` as a string flag
+    (707 tests failed in a fresh-clone run that parsed a command line first)."""
+    HfArgumentParser(MultiAgentIterativeDPOConfig).parse_args_into_dataclasses(["--output_dir", str(tmp_path)])
+    config = MultiAgentIterativeDPOConfig(output_dir=str(tmp_path), report_to="none")
+    assert config.include_num_input_tokens_seen == "no"
 
 
 def test_a_whole_float_becomes_the_int(tmp_path):

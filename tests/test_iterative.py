@@ -379,6 +379,20 @@ def test_a_run_resumed_inside_a_round_goes_on_with_the_pairs_not_reached(tmp_pat
     assert [i for step, i in again] == [i for step, i in uninterrupted if step == 6] == [4, 5, 6, 7]
 
 
+def test_a_round_drawn_after_a_resume_serves_its_pairs_from_the_first(tmp_path):
+    """Resumed from checkpoint-1, inside round 1's first generation batch, the run's generation batches fall a step
+    later than the stopped run's (TRL starts its batch count over), so round 2's first batch is built a step into the
+    round. Round 2 is drawn by this run: it serves its pairs from the first (before, from the fifth)."""
+    first = build(tmp_path, rounds=2, save_strategy="steps", save_steps=1)
+    first.train()
+    resumed = build(tmp_path, rounds=2, save_strategy="steps", save_steps=1)
+    served = served_pairs(resumed)
+    resumed.train(resume_from_checkpoint=os.path.join(first.args.output_dir, "checkpoint-1"))
+    assert not resumed.round_reloaded and resumed.round_index == 1  # round 2 was drawn, not reloaded
+    round_2 = [i for step, i in served if step >= 4]
+    assert round_2[:4] == [0, 1, 2, 3]
+
+
 REPLAY_RULES = [
     (dict(replay_mode="all_history", replay_k=2), "`replay_k` is only valid with `replay_mode='nearest_k'`"),
     (dict(replay_mode="current", replay_k=3), "`replay_k` must be None or 1"),

@@ -319,6 +319,12 @@ def test_every_comlrl_field_is_accepted_with_its_default(theirs):
     assert MADPOIterConfig(preference_replay_mode="TD_Lambda", preference_replay_lambda=1, report_to="none")
 
 
+def test_a_fraction_of_a_pass_is_refused_naming_num_train_epochs():
+    """MADPOIter's `num_train_epochs` counts passes over an iteration's pairs: 1.5 was cut to 1 pass."""
+    with pytest.raises(ValueError, match=r"`num_train_epochs` must be a whole number, got 1.5"):
+        MADPOIterConfig(num_train_epochs=1.5, report_to="none")
+
+
 @pytest.mark.parametrize(
     "fields, error, message",
     [

@@ -28,7 +28,7 @@ class Field(NamedTuple):
 
 
 SHARED = (
-    Field("agent_learning_rate", "`learning_rate`"),
+    Field("agent_learning_rate", "`learning_rate`", 0.0),
     Field("max_new_tokens", "`max_completion_length`", 1),
     Field("num_agents", "same", 1),
     Field("num_turns", "same", 1),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..config import whole_number
 from ..preference.iterative import MultiAgentIterativeDPOConfig, MultiAgentIterativeDPOTrainer
 from ..team.views import swapped
 from .iterative_fields import ROUND_FIELDS, IterativePreferenceFields, iteration_logs, iterative_config, save_rounds
@@ -34,7 +35,7 @@ class MADPOIterConfig(IterativePreferenceFields, MADPOConfig, MultiAgentIterativ
         for name, native in ROUND_FIELDS.items():  # checked by CoMLRL's names first (`IterativePreferenceFields`)
             setattr(self, native, getattr(self, name))
         self.pair_batch_size = self.comlrl_train_batch_size or self.rollout_buffer_size
-        self.pair_passes = int(self.num_train_epochs)
+        self.pair_passes = whole_number("num_train_epochs", self.num_train_epochs)  # passes: refused as 1.5, not cut
         super().__post_init__()
 
     def _generation_batch(self) -> tuple[int, int, None]:

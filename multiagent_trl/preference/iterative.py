@@ -475,7 +475,7 @@ class IterativeRounds:
         """Draw (or, resuming, reload) round `index`'s pairs, write its shard and pick the training pairs."""
         args = self.args
         path = os.path.join(self.replay_dir, f"iteration_{index + 1:04d}.json")
-        # A run resumed inside this round (its checkpoint is past the round's first epoch) reloads the round's shard;
+        # A run resumed inside this round (its checkpoint is past the round's start) reloads the round's shard;
         # a fresh run, or one resumed at the round's start (a shard written after that checkpoint, by the run that
         # stopped, was not trained on), draws it anew over older shards.
         resumed_inside = self.round_index < 0 and round(self.state.epoch or 0, 6) > index * self.epochs_per_round
@@ -653,9 +653,12 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
 
     def pairs_served_before(self, index: int, slots: int) -> int:
         """At round `index`'s first generation batch of this run, the round's pairs already served: none, or, for a
-        run resumed inside the round, those of the generation batches before its checkpoint (`slots` per process
-        each), so that it goes on with the pairs the stopped run had not reached. Trainer's `state.epoch` counts
-        the round's micro-batches done; a generation batch serves `pair_steps * num_iterations` of them."""
+        round reloaded by a run resumed inside it, those of the generation batches before its checkpoint (`slots` per
+        process each), so that it goes on with the pairs the stopped run had not reached. Trainer's `state.epoch`
+        counts the round's micro-batches done; a generation batch serves `pair_steps * num_iterations` of them.
+        With `ignore_data_skip` Trainer replays the epoch from its start, and so does the round."""
+        if not self.round_reloaded or self.args.ignore_data_skip:
+            return 0
         done = round(round((self.state.epoch or 0) - index, 6) * self.epoch_micro_batches)
         batches = -(-done // (self.args.pair_steps * self.num_iterations))
         return batches * self.accelerator.num_processes * slots

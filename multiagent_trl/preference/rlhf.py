@@ -177,6 +177,11 @@ def reward_device(spec: str | None, accelerator) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         logger.warning("`reward_model_device=%r` but CUDA is not available; the reward model goes on %s.", spec, team)
         return team
+    if accelerator.num_processes > 1 and device != team:
+        logger.warning(
+            "With several processes each keeps its own reward model on its device (%s), not %r.", team, spec
+        )
+        return team
     if device.type == "meta":
         raise ValueError(
             f"`reward_model_device={spec!r}` holds no weights: give a device that computes ('cuda:0', 'cpu'), or None "
@@ -189,11 +194,6 @@ def reward_device(spec: str | None, accelerator) -> torch.device:
             f"`reward_model_device={spec!r}` is not on this machine ({error}): give 'cpu', or None for the team's "
             "device."
         ) from error
-    if accelerator.num_processes > 1 and device != team:
-        logger.warning(
-            "With several processes each keeps its own reward model on its device (%s), not %r.", team, spec
-        )
-        return team
     return device
 
 
