@@ -24,14 +24,7 @@ from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from multiagent_trl import (  # noqa: E402
-    ActorCriticConfig,
-    ActorCriticTrainer,
-    MultiAgentDPOConfig,
-    MultiAgentDPOTrainer,
-    MultiAgentGRPOConfig,
-    MultiAgentGRPOTrainer,
-)
+from multiagent_trl import MultiAgentGRPOConfig, MultiAgentGRPOTrainer  # noqa: E402
 from multiagent_trl.preference.iterative import (  # noqa: E402
     MultiAgentIterativeDPOConfig,
     MultiAgentIterativeDPOTrainer,
@@ -217,41 +210,6 @@ def test_a_team_learns_with_vllm(vllm_available, tmp_path):
     assert len(rewards) == 20
     start, end = sum(rewards[:3]) / 3, sum(rewards[-5:]) / 5
     assert end > start + 0.15, rewards
-
-
-FAMILIES = {  # config class, trainer class, settings: each family's own generation batch on the team core
-    "actor_critic": (ActorCriticConfig, ActorCriticTrainer, dict(num_generations=1, per_device_train_batch_size=4)),
-    "dpo": (MultiAgentDPOConfig, MultiAgentDPOTrainer, {}),
-}
-
-
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_family_generates_on_synced_engines(vllm_available, tmp_path, family):
-    """The actor-critic and DPO trainers generate with the core's vLLM engines too: per agent, the engines' greedy
-    tokens equal transformers' before and after 2 optimizer steps; the trainer synced the engines before step 2's
-    generation, and the steps reached them (their tokens or log-probs moved)."""
-    config_class, trainer_class, settings = FAMILIES[family]
-    trainer = trainer_class(
-        model=tiny_model_path("tiny-vllm"),
-        reward_funcs=length_ratio,
-        args=vllm_args(tmp_path, config_class, **settings),
-        train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
-    )
-    before = check_greedy(trainer, with_logprobs=True)
-    engines, synced_at = trainer._vllm, []
-    sync = engines.sync
-
-    def recorded_sync():
-        synced_at.append(trainer.state.global_step)
-        return sync()
-
-    engines.sync = recorded_sync
-    trainer.train()
-    assert trainer.state.global_step == 2
-    assert synced_at == [1]  # a generation batch per step: the second one's engines hold the first step's update
-    after = check_greedy(trainer, with_logprobs=True)
-    for i in range(2):
-        assert engine_changed(before, after, i), f"agent {i}: the engine generates as before training: not synced"
 
 
 def test_truncated_sampling_with_the_correction_warns(tmp_path, caplog):
