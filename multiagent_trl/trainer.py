@@ -39,7 +39,7 @@ from .rewards.joint import (
 )
 from .rewards.models import check_model_rewards
 from .rewards.scoring import joint_reward, joint_samples, level_rewards, turn_credit
-from .rollout.buffers import covering
+from .rollout.buffers import check_fills_a_batch, covering
 from .rollout.episode import EpisodeBatch, episode_batch, trained_row_scale
 from .rollout.evaluation import EvalRecorder, EvalTrajectories, greedy_decoding
 from .rollout.generation import configure_decoding
@@ -447,15 +447,8 @@ class MultiAgentGRPOTrainer(GRPOTrainer):
     def _get_train_sampler(self, dataset: Dataset | None = None):
         sampler = super()._get_train_sampler(dataset)
         sampler = covering(sampler) if self.covers_every_item else sampler
-        if len(sampler) == 0:  # Trainer would log a warning and return after no step
-            rows = len(sampler.data_source)
-            raise ValueError(
-                f"`train_dataset` has {rows} rows, fewer than one generation batch's {sampler.batch_size} prompts "
-                "(`generation_batch_size / num_generations`, every process's together): training would take no "
-                "step. Add rows, or lower `per_device_train_batch_size` or `steps_per_generation`."
-                if rows
-                else "`train_dataset` is empty: training would take no step. Pass a dataset with rows."
-            )
+        if len(sampler) == 0:
+            check_fills_a_batch(len(sampler.data_source), sampler.batch_size)
         return sampler
 
     def _rollouts(self, agent_inputs: list[list[dict]], mode: str) -> list[Rollout]:

@@ -37,6 +37,7 @@ from datasets import IterableDataset
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, TrainerCallback
 
+from ..rollout.buffers import check_fills_a_batch
 from ..team.modules import LoraAgentTeam
 from .config import MultiAgentDPOConfig
 from .replay import (
@@ -647,8 +648,7 @@ class MultiAgentIterativeDPOTrainer(IterativeRounds, MultiAgentDPOTrainer):
             loader = super().get_train_dataloader()
             self.epoch_micro_batches = len(loader)  # Trainer's `steps_in_epoch`, which `state.epoch` counts in
             return loader
-        if len(self.train_dataset) == 0:
-            raise ValueError("`train_dataset` is empty: a round would draw no pair. Pass a dataset with rows.")
+        check_fills_a_batch(len(self.train_dataset), 1)  # a round draws over any rows; an empty set draws no pair
         return RoundPairBatches(self, self.round_micro_batches(self.most_round_pairs()))
 
     def pairs_served_before(self, index: int, slots: int) -> int:

@@ -62,3 +62,16 @@ def covering(sampler: RepeatSampler) -> CoveringRepeatSampler:
         shuffle=sampler.shuffle,
         seed=sampler.seed,
     )
+
+
+def check_fills_a_batch(rows: int, batch: int) -> None:
+    """Raise a `ValueError` when a training set of `rows` rows makes no batch of `batch` prompts (a sampler's length
+    of 0, or an empty set): Trainer would log a warning and return after no step, or fail on `max_steps`."""
+    if rows == 0:
+        raise ValueError("`train_dataset` is empty: training would take no step. Pass a dataset with rows.")
+    if rows < batch:
+        raise ValueError(
+            f"`train_dataset` has {rows} rows, fewer than one generation batch's {batch} prompts "
+            "(`generation_batch_size / num_generations`, every process's together): training would take no step. "
+            "Add rows, or lower `per_device_train_batch_size` or `steps_per_generation`."
+        )
